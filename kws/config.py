@@ -1,0 +1,57 @@
+"""Model configs in WeKws's YAML layout, with dotted-key overrides (`training_config.grad_clip: 5`)."""
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from kws.errors import KwsError
+
+
+def load_yaml(path):
+    """Load a YAML mapping; a clear error naming the file (and line) when it is malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KwsError(f"{path}: config file not found") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise KwsError(f"{path}{line}: malformed YAML ({problem})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise KwsError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def apply_overrides(conf, overrides, source="overrides"):
+    """Return a copy of `conf` with dotted keys set, e.g. {"model.hidden_dim": 64}."""
+    result = copy.deepcopy(conf)
+    for dotted, value in (overrides or {}).items():
+        node = result
+        parts = str(dotted).split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise KwsError(f"{source}: {dotted}: {part!r} is not a mapping in the model config")
+            node = child
+        node[parts[-1]] = copy.deepcopy(value)
+    return result
+
+
+def load_model_config(path, overrides=None):
+    """A WeKws-style model config with overrides applied and the sections the pipeline needs checked."""
+    conf = apply_overrides(load_yaml(path), overrides, source=str(path))
+    for section in ("dataset_conf", "model", "training_config"):
+        if not isinstance(conf.get(section), dict):
+            raise KwsError(f"{path}: missing section {section!r}")
+    return conf
+
+
+def dump_yaml(data):
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
