@@ -55,3 +55,47 @@ def load_model_config(path, overrides=None):
 
 def dump_yaml(data):
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def _validator_with_defaults(schema):
+    """A JSON Schema validator that also fills in `default` values, as Snakemake's validate() does."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+
+    def fill_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    instance[name] = copy.deepcopy(subschema["default"])
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    extended = jsonschema.validators.extend(base, {"properties": fill_defaults})
+    return extended(schema)
+
+
+def _describe(error):
+    path = ".".join(str(part) for part in error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        where = f"{path}." if path else ""
+        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        return f"unknown key {where}{extra[0] if extra else '?'}{hint}"
+    if error.validator == "required":
+        return f"{path or 'top level'}: {error.message}"
+    return f"{path or 'top level'}: {error.message}"
+
+
+def validate_config(config, schema_path, source="config"):
+    """Validate `config` in place against a JSON Schema (YAML), filling defaults.
+
+    Raises KwsError naming the offending key, e.g. `config/config.yaml: train.num_workers: 'two' is not
+    of type 'integer'`.
+    """
+    schema = load_yaml(schema_path)
+    validator = _validator_with_defaults(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.path))
+    if errors:
+        raise KwsError(f"{source}: {_describe(errors[0])}")
+    return config
