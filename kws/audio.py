@@ -1,5 +1,7 @@
 """Reading audio. soundfile, not torchaudio.load (which needs torchcodec)."""
 
+import os
+
 import numpy as np
 import soundfile
 
@@ -14,12 +16,13 @@ def wav_info(path, expected_rate=SAMPLE_RATE):
     kwsflow refuses (rather than silently resamples or down-mixes) audio that is not
     16 kHz mono: a corpus with mixed formats is usually a preparation mistake.
     """
+    _check_wav_header(path)
     try:
         info = soundfile.info(str(path))
     except FileNotFoundError:
         raise KwsError(f"{path}: audio file not found") from None
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise KwsError(f"{path}: not a readable audio file ({_reason(err)})") from None
+        _raise_unreadable(path, err)
     if info.samplerate != expected_rate:
         raise KwsError(
             f"{path}: sample rate {info.samplerate} Hz, expected {expected_rate} Hz "
@@ -36,12 +39,13 @@ def wav_info(path, expected_rate=SAMPLE_RATE):
 
 def read_wav(path, expected_rate=SAMPLE_RATE):
     """Read a 16 kHz mono wav as float32 samples in [-1, 1]."""
+    _check_wav_header(path)
     try:
         samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except FileNotFoundError:
         raise KwsError(f"{path}: audio file not found") from None
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise KwsError(f"{path}: not a readable audio file ({_reason(err)})") from None
+        _raise_unreadable(path, err)
     if rate != expected_rate:
         raise KwsError(f"{path}: sample rate {rate} Hz, expected {expected_rate} Hz")
     if samples.shape[1] != 1:
@@ -57,6 +61,33 @@ def write_wav(path, samples, rate=SAMPLE_RATE):
 
     with atomic_path(path) as tmp:
         soundfile.write(str(tmp), np.clip(samples, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
+
+
+def _check_wav_header(path):
+    """Refuse anything that is not a RIFF/RF64 WAVE file before libsndfile probes other formats
+    (its mp3 decoder prints warnings to stderr on random bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(12)
+    except FileNotFoundError:
+        raise KwsError(f"{path}: audio file not found") from None
+    except IsADirectoryError:
+        raise KwsError(f"{path}: is a folder, not an audio file") from None
+    except OSError as err:
+        raise KwsError(f"{path}: cannot read ({err.strerror})") from None
+    if len(head) == 0:
+        raise KwsError(f"{path}: not a readable audio file (0 bytes)")
+    if len(head) < 12 or head[:4] not in (b"RIFF", b"RIFX", b"RF64") or head[8:12] != b"WAVE":
+        raise KwsError(f"{path}: not a readable audio file (no RIFF/WAVE header; kwsflow reads wav only)")
+
+
+def _raise_unreadable(path, err):
+    # soundfile >= 0.13 reports a missing file as LibsndfileError("System error"), not FileNotFoundError.
+    if not os.path.exists(path):
+        raise KwsError(f"{path}: audio file not found") from None
+    if os.path.isdir(path):
+        raise KwsError(f"{path}: is a folder, not an audio file") from None
+    raise KwsError(f"{path}: not a readable audio file ({_reason(err)})") from None
 
 
 def _reason(err):

@@ -82,11 +82,16 @@ def read_data_list(path, num_keywords=None):
             item = json.loads(line)
         except json.JSONDecodeError as err:
             raise KwsError(f"{path}:{number}: malformed JSON ({err.msg})") from None
+        except RecursionError:
+            raise KwsError(f"{path}:{number}: malformed JSON (nested too deeply)") from None
         if not isinstance(item, dict):
             raise KwsError(f"{path}:{number}: expected a JSON object")
         missing = [name for name in REQUIRED_FIELDS if name not in item]
         if missing:
             raise KwsError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+        for name in ("key", "wav"):
+            if not isinstance(item[name], str) or not item[name]:
+                raise KwsError(f"{path}:{number}: {name} must be a non-empty string, got {repr(item[name])[:60]}")
         if item["key"] in seen:
             raise KwsError(f"{path}:{number}: duplicate key {item['key']!r}")
         seen.add(item["key"])
@@ -95,7 +100,9 @@ def read_data_list(path, num_keywords=None):
             raise KwsError(f"{path}:{number}: txt must be an integer keyword id, got {label!r}")
         if label < FILLER or (num_keywords is not None and label >= num_keywords):
             raise KwsError(f"{path}:{number}: label {label} is not a keyword id (-1..{(num_keywords or 1) - 1})")
-        if not isinstance(item["duration"], (int, float)) or item["duration"] <= 0:
+        duration = item["duration"]
+        if (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                or not 0 < duration < float("inf")):
             raise KwsError(f"{path}:{number}: duration must be a positive number, got {item['duration']!r}")
         items.append(item)
     if not items:

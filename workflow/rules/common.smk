@@ -55,6 +55,12 @@ def code(*paths):
     return [str(REPO / p) for p in paths]
 
 
+# The model package: every file of it, so that an edit to any backbone retrains and rescores.
+MODEL_CODE = sorted(
+    str(p.relative_to(REPO)) for p in (REPO / "kws" / "model").glob("*.py")
+)
+
+
 def experiment(exp):
     return config["experiments"][exp]
 
@@ -123,7 +129,8 @@ def gpu_budget():
 
 try:
     check_gpu_budget(
-        {exp: train_gpus(exp) for exp in EXPERIMENTS} | {"scoring": config["score"]["gpu"]},
+        {exp: train_gpus(exp) for exp in EXPERIMENTS}
+        | {"scoring": config["score"]["gpu"]},
         gpu_budget(),
     )
 except KwsError as err:
@@ -137,19 +144,70 @@ def all_targets():
             f"{RESULTS}/{exp}/metrics.json",
             f"{RESULTS}/{exp}/det.png",
             f"{RESULTS}/{exp}/training.png",
+            f"{RESULTS}/{exp}/config.yaml",
         ]
     if len(EXPERIMENTS) > 1:
         targets += [f"{RESULTS}/comparison/det.png", f"{RESULTS}/comparison/metrics.md"]
     return targets
 
 
+envvars:
+    "PATH",
+
+
 # Scripts and torchrun run with the Python that runs Snakemake, even when its environment is not activated.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+os.environ["PATH"] = (
+    f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+)
 
 
-def override_args(exp):
-    """`--override key=value` arguments for train.py (values as JSON, which YAML reads back)."""
+# Settings reach each stage as one string of named command-line arguments. Snakemake compares params
+# by the sorted repr of their values without names, so two swapped values in separate params would go
+# unnoticed; inside one string with the flag names they cannot.
+
+
+def train_args(exp):
+    """train.py's arguments that change the trained model (besides its inputs and the launcher)."""
+    t = config["train"]
     overrides = experiment(exp)["overrides"]
-    return " ".join(
-        f"--override {shlex.quote(f'{key}={json.dumps(value)}')}" for key, value in sorted(overrides.items())
+    args = [
+        f"--num_keywords {len(keywords())}",
+        f"--seed {t['seed']}",
+        f"--num_workers {t['num_workers']}",
+        f"--min_duration {t['min_duration']}",
+        f"--ddp.dist_backend {t['dist_backend']}",
+    ]
+    args += [
+        f"--override {shlex.quote(f'{key}={json.dumps(value)}')}"
+        for key, value in sorted(overrides.items())
+    ]
+    return " ".join(args)
+
+
+def average_args():
+    a = config["average"]
+    return f"--num {a['num']} --mode {a['mode']}"
+
+
+def score_args():
+    s = config["score"]
+    return f"--batch-size {s['batch_size']} --device {'cuda' if s['gpu'] else 'cpu'}"
+
+
+def det_args():
+    d = config["det"]
+    targets = " ".join(f"{x:g}" for x in d["fa_targets"])
+    return f"--step {d['step']:g} --window-shift {d['window_shift']} --fa-targets {targets}"
+
+
+def synth_args():
+    c = CORPUS
+    return f"--size {c['size']} --seed {c['seed']} {'--augment' if c['augment'] else '--no-augment'}"
+
+
+def recipe_args():
+    c = CORPUS
+    words = " ".join(shlex.quote(w) for w in c["keywords"])
+    return f"--corpus {c['name']} --root {shlex.quote(str(c['root']))}" + (
+        f" --keywords {words}" if words else ""
     )

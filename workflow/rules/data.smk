@@ -2,7 +2,11 @@
 
 CORPUS_OUTPUTS = {
     "words": f"{DATA}/dict/words.txt",
-    **{f"{split}_{name}": f"{DATA}/{split}/{name}" for split in SPLITS for name in ("wav.scp", "text")},
+    **{
+        f"{split}_{name}": f"{DATA}/{split}/{name}"
+        for split in SPLITS
+        for name in ("wav.scp", "text")
+    },
 }
 
 
@@ -10,46 +14,45 @@ if CORPUS["name"] == "synthetic":
 
     rule synthesize_corpus:
         input:
-            code=code("scripts/synthesize_corpus.py", "kws/synth/espeak.py", "kws/synth/augment.py", "kws/synth/corpus.py"),
+            script=script("synthesize_corpus.py"),
+            code=code(
+                "kws/synth/espeak.py", "kws/synth/augment.py", "kws/synth/corpus.py"
+            ),
         output:
             **CORPUS_OUTPUTS,
-        params:
-            out_dir=DATA,
-            size=CORPUS["size"],
-            seed=CORPUS["seed"],
-            augment="--augment" if CORPUS["augment"] else "--no-augment",
-        threads: 2
         log:
             f"{RESULTS}/logs/synthesize_corpus.log",
         benchmark:
             f"{RESULTS}/benchmarks/synthesize_corpus.tsv"
         conda:
             "../../environment.yml"
+        threads: 2
+        params:
+            out_dir=lambda wildcards, output: Path(output.words).parent.parent,
+            args=synth_args(),
         shell:
-            "python {SCRIPTS}/synthesize_corpus.py --out-dir {params.out_dir} --size {params.size}"
-            " --seed {params.seed} {params.augment} --threads {threads} > {log} 2>&1"
+            "python {input.script} --out-dir {params.out_dir} {params.args}"
+            " --threads {threads} > {log} 2>&1"
 
 else:
 
     rule prepare_corpus:
         input:
-            code=code("scripts/prepare_corpus.py", "kws/recipes.py"),
+            script=script("prepare_corpus.py"),
+            code=code("kws/recipes.py"),
         output:
             **CORPUS_OUTPUTS,
-        params:
-            corpus=CORPUS["name"],
-            root=CORPUS["root"],
-            keywords=" ".join(CORPUS["keywords"]),
-            out_dir=DATA,
         log:
             f"{RESULTS}/logs/prepare_corpus.log",
         benchmark:
             f"{RESULTS}/benchmarks/prepare_corpus.tsv"
         conda:
             "../../environment.yml"
+        params:
+            args=recipe_args(),
+            out_dir=lambda wildcards, output: Path(output.words).parent.parent,
         shell:
-            "python {SCRIPTS}/prepare_corpus.py --corpus {params.corpus} --root {params.root:q}"
-            " --out-dir {params.out_dir} --keywords {params.keywords} > {log} 2>&1"
+            "python {input.script} {params.args} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule make_list:
@@ -57,16 +60,17 @@ rule make_list:
         wav_scp=f"{DATA}/{{split}}/wav.scp",
         text=f"{DATA}/{{split}}/text",
         words=f"{DATA}/dict/words.txt",
-        code=code("scripts/make_list.py", "kws/lists.py", "kws/datalist.py", "kws/audio.py"),
+        script=script("make_list.py"),
+        code=code("kws/lists.py", "kws/datalist.py", "kws/audio.py"),
     output:
         wav_dur=f"{DATA}/{{split}}/wav.dur",
         data_list=f"{DATA}/{{split}}/data.list",
-    threads: 2
     log:
         f"{RESULTS}/logs/make_list.{{split}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/make_list.{{split}}.tsv"
     conda:
         "../../environment.yml"
+    threads: 2
     shell:
-        "python {SCRIPTS}/make_list.py --data-dir {DATA}/{wildcards.split} --dict {input.words} > {log} 2>&1"
+        "python {input.script} --data-dir {params.data_dir} --dict {input.words} > {log} 2>&1"

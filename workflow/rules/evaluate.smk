@@ -4,22 +4,22 @@
 rule average_model:
     input:
         final=f"{RESULTS}/{{exp}}/model/final.yaml",
-        code=code("scripts/average_model.py", "kws/average.py"),
+        script=script("average_model.py"),
+        code=code("kws/average.py"),
     output:
         f"{RESULTS}/{{exp}}/avg.pt",
-    params:
-        model_dir=f"{RESULTS}/{{exp}}/model",
-        num=config["average"]["num"],
-        mode=config["average"]["mode"],
     log:
         f"{RESULTS}/logs/average_model.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/average_model.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    params:
+        model_dir=lambda wildcards, input: Path(input.final).parent,
+        args=average_args(),
     shell:
-        "python {SCRIPTS}/average_model.py --model-dir {params.model_dir} --num {params.num}"
-        " --mode {params.mode} --out {output} > {log} 2>&1"
+        "python {input.script} --model-dir {params.model_dir} {params.args}"
+        " --out {output} > {log} 2>&1"
 
 
 rule score:
@@ -27,30 +27,29 @@ rule score:
         model=f"{RESULTS}/{{exp}}/avg.pt",
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
-        code=code("scripts/score.py", "kws/score.py", "kws/features.py", "kws/model/__init__.py"),
+        script=script("score.py"),
+        code=code("kws/score.py", "kws/features.py", "kws/checkpoint.py", *MODEL_CODE),
     output:
         f"{RESULTS}/{{exp}}/score.txt",
-    params:
-        batch_size=config["score"]["batch_size"],
-        device="cuda" if config["score"]["gpu"] else "cpu",
-        launcher=(
-            f"python -m kws.gpu --gpus 1 --lock-dir {RESULTS}/.gpu-locks --"
-            if config["score"]["gpu"]
-            else ""
-        ),
-    threads: 2
-    resources:
-        gpu=config["score"]["gpu"],
     log:
         f"{RESULTS}/logs/score.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/score.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    threads: 2
+    resources:
+        gpu=config["score"]["gpu"],
+    params:
+        args=score_args(),
+        launcher=(
+            f"python -m kws.gpu --gpus 1 --lock-dir {RESULTS}/.gpu-locks --"
+            if config["score"]["gpu"]
+            else ""
+        ),
     shell:
-        "{params.launcher} python {SCRIPTS}/score.py --checkpoint {input.model} --test-data {input.test}"
-        " --dict {input.words} --out {output} --batch-size {params.batch_size} --device {params.device}"
-        " --threads {threads} > {log} 2>&1"
+        "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
+        " --dict {input.words} --out {output} {params.args} --threads {threads} > {log} 2>&1"
 
 
 rule compute_det:
@@ -58,7 +57,8 @@ rule compute_det:
         score=f"{RESULTS}/{{exp}}/score.txt",
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
-        code=code("scripts/compute_det.py", "kws/det.py"),
+        script=script("compute_det.py"),
+        code=code("kws/det.py"),
     output:
         metrics=report(
             f"{RESULTS}/{{exp}}/metrics.json",
@@ -71,66 +71,83 @@ rule compute_det:
             category="Metrics",
         ),
         markdown=f"{RESULTS}/{{exp}}/metrics.md",
-        stats=expand(f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
-    params:
-        out_dir=f"{RESULTS}/{{exp}}",
-        step=config["det"]["step"],
-        window_shift=config["det"]["window_shift"],
-        fa_targets=" ".join(str(x) for x in config["det"]["fa_targets"]),
+        stats=expand(
+            f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()
+        ),
     log:
         f"{RESULTS}/logs/compute_det.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/compute_det.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    params:
+        out_dir=lambda wildcards, output: Path(output.metrics).parent,
+        args=det_args(),
     shell:
-        "python {SCRIPTS}/compute_det.py --score {input.score} --test-data {input.test} --dict {input.words}"
-        " --step {params.step} --window-shift {params.window_shift} --fa-targets {params.fa_targets}"
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        "python {input.script} --score {input.score} --test-data {input.test} --dict {input.words}"
+        " {params.args} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule plot_det:
     input:
-        stats=expand(f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
-        code=code("scripts/plot_det.py", "kws/plots.py"),
+        stats=expand(
+            f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()
+        ),
+        script=script("plot_det.py"),
+        code=code("kws/plots.py"),
     output:
-        report(f"{RESULTS}/{{exp}}/det.png", caption="../report/det.rst", category="DET curves"),
-    params:
-        labels=" ".join(keywords()),
+        report(
+            f"{RESULTS}/{{exp}}/det.png",
+            caption="../report/det.rst",
+            category="DET curves",
+        ),
     log:
         f"{RESULTS}/logs/plot_det.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/plot_det.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    params:
+        labels=" ".join(keywords()),
     shell:
-        "python {SCRIPTS}/plot_det.py --stats {input.stats} --labels {params.labels}"
+        "python {input.script} --stats {input.stats} --labels {params.labels}"
         " --title {wildcards.exp} --out {output} > {log} 2>&1"
 
 
 rule plot_training:
     input:
         final=f"{RESULTS}/{{exp}}/model/final.yaml",
-        code=code("scripts/plot_training.py", "kws/plots.py"),
+        script=script("plot_training.py"),
+        code=code("kws/plots.py"),
     output:
-        report(f"{RESULTS}/{{exp}}/training.png", caption="../report/training.rst", category="Training"),
-    params:
-        log=f"{RESULTS}/{{exp}}/model/train_log.tsv",
+        report(
+            f"{RESULTS}/{{exp}}/training.png",
+            caption="../report/training.rst",
+            category="Training",
+        ),
     log:
         f"{RESULTS}/logs/plot_training.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/plot_training.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    params:
+        table=lambda wildcards, input: Path(input.final).parent / "train_log.tsv",
     shell:
-        "python {SCRIPTS}/plot_training.py --log {params.log} --title {wildcards.exp} --out {output} > {log} 2>&1"
+        "python {input.script} --log {params.table} --title {wildcards.exp} --out {output} > {log} 2>&1"
 
 
 rule compare_experiments:
     input:
         metrics=expand(f"{RESULTS}/{{exp}}/metrics.json", exp=EXPERIMENTS),
-        stats=expand(f"{RESULTS}/{{exp}}/det/stats.{{keyword}}.txt", exp=EXPERIMENTS, keyword=keywords()),
-        code=code("scripts/compare_experiments.py", "scripts/plot_det.py", "kws/det.py", "kws/plots.py"),
+        stats=expand(
+            f"{RESULTS}/{{exp}}/det/stats.{{keyword}}.txt",
+            exp=EXPERIMENTS,
+            keyword=keywords(),
+        ),
+        script=script("compare_experiments.py"),
+        plot_script=script("plot_det.py"),
+        code=code("kws/det.py", "kws/plots.py"),
     output:
         plot=report(
             f"{RESULTS}/comparison/det.png",
@@ -143,15 +160,15 @@ rule compare_experiments:
             caption="../report/metrics.rst",
             category="Comparison",
         ),
-    params:
-        names=" ".join(EXPERIMENTS),
     log:
         f"{RESULTS}/logs/compare_experiments.log",
     benchmark:
         f"{RESULTS}/benchmarks/compare_experiments.tsv"
     conda:
         "../../environment.yml"
+    params:
+        names=" ".join(EXPERIMENTS),
     shell:
-        "(python {SCRIPTS}/compare_experiments.py --metrics {input.metrics} --names {params.names}"
+        "(python {input.script} --metrics {input.metrics} --names {params.names}"
         " --out-md {output.markdown} --out-tsv {output.table}"
-        " && python {SCRIPTS}/plot_det.py --compare --stats {input.stats} --out {output.plot}) > {log} 2>&1"
+        " && python {input.plot_script} --compare --stats {input.stats} --out {output.plot}) > {log} 2>&1"

@@ -7,40 +7,63 @@ rule train:
         cv=f"{DATA}/dev/data.list",
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),
         model_config=lambda wildcards: model_config_path(wildcards.exp),
+        script=script("train.py"),
         code=code(
-            "scripts/train.py",
             "kws/trainer.py",
             "kws/dataset.py",
             "kws/checkpoint.py",
             "kws/loss.py",
-            "kws/model/__init__.py",
             "kws/features.py",
+            *MODEL_CODE,
         ),
     output:
         f"{RESULTS}/{{exp}}/model/final.yaml",
-    params:
-        model_dir=f"{RESULTS}/{{exp}}/model",
-        launcher=lambda wildcards: launcher(wildcards.exp),
-        overrides=lambda wildcards: override_args(wildcards.exp),
-        num_keywords=len(keywords()),
-        seed=config["train"]["seed"],
-        num_workers=config["train"]["num_workers"],
-        min_duration=config["train"]["min_duration"],
-        backend=config["train"]["dist_backend"],
-        timeout=config["train"]["timeout_s"],
-    threads: lambda wildcards: max(1, train_processes(wildcards.exp))
-    resources:
-        gpu=lambda wildcards: train_gpus(wildcards.exp),
-        mem_mb=lambda wildcards: 4000 * max(1, train_processes(wildcards.exp)),
     log:
         f"{RESULTS}/logs/train.{{exp}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/train.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    threads: lambda wildcards: max(1, train_processes(wildcards.exp))
+    resources:
+        gpu=lambda wildcards: train_gpus(wildcards.exp),
+        mem_mb=lambda wildcards: 4000 * max(1, train_processes(wildcards.exp)),
+        # A resource, not a param: the timeout does not change the model, so it must not retrain it.
+        timeout_s=config["train"]["timeout_s"],
+    params:
+        model_dir=lambda wildcards, output: Path(output[0]).parent,
+        launcher=lambda wildcards: launcher(wildcards.exp),
+        args=lambda wildcards: train_args(wildcards.exp),
     shell:
-        "{params.launcher} {SCRIPTS}/train.py --config {input.model_config} {params.overrides}"
-        " --train_data {input.train} --cv_data {input.cv} --model_dir {params.model_dir}"
-        " --cmvn_file {input.cmvn} --norm_var --num_keywords {params.num_keywords}"
-        " --min_duration {params.min_duration} --seed {params.seed} --num_workers {params.num_workers}"
-        " --ddp.dist_backend {params.backend} --timeout {params.timeout} --threads {threads} > {log} 2>&1"
+        "{params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
+        " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir}"
+        " {params.args} --timeout {resources.timeout_s} --threads {threads} > {log} 2>&1"
+
+
+rule resolve_config:
+    input:
+        model_config=lambda wildcards: model_config_path(wildcards.exp),
+        script=script("resolve_config.py"),
+        code=code("kws/config.py"),
+    output:
+        report(
+            f"{RESULTS}/{{exp}}/config.yaml",
+            caption="../report/config.rst",
+            category="Configuration",
+        ),
+    log:
+        f"{RESULTS}/logs/resolve_config.{{exp}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/resolve_config.{{exp}}.tsv"
+    conda:
+        "../../environment.yml"
+    params:
+        experiment=lambda wildcards: json.dumps(
+            experiment(wildcards.exp), sort_keys=True
+        ),
+        pipeline=json.dumps(
+            {k: v for k, v in config.items() if k != "experiments"}, sort_keys=True
+        ),
+    shell:
+        "python {input.script} --model-config {input.model_config} --experiment {params.experiment:q}"
+        " --pipeline {params.pipeline:q} --out {output} > {log} 2>&1"

@@ -1,0 +1,449 @@
+"""Detection-error-tradeoff statistics and metrics, with WeKws `compute_det.py` semantics.
+
+For one keyword and each threshold t in 0.00, 0.01, ..., 0.99 (step 0.01 by default):
+
+* positives are the utterances labelled with that keyword; one is falsely rejected when its
+  maximum frame posterior is < t. FRR = false rejects / positives.
+* every other utterance (fillers *and* other keywords) is filler; its `duration` (data.list,
+  seconds) counts toward the filler hours. False alarms: scan its frames; a frame >= t counts one
+  false alarm and the scan continues `window_shift` frames later (WeKws `i += window_shift`).
+  FA/h = max(n_FA, 1e-6) / filler hours.
+
+Stats files hold `threshold fa_per_hour frr` per line (6 decimals), exactly as WeKws writes them.
+
+Counting is vectorised and exact: for each threshold the greedy hold-off scan is a chain of
+"next frame at or after p that is >= t" look-ups; those look-ups are precomputed for all
+thresholds at once (a reversed running minimum), and the chains of all thresholds advance
+together, so the Python loop runs over false alarms of the lowest threshold (<= T / window_shift
+steps per utterance), never over thresholds x frames. The greedy earliest-first scan finds the
+largest set of threshold-crossing frames that are at least `window_shift` apart, so the false
+alarm count never increases with the threshold.
+
+Operating points (`summarize`): for a target FA/h, among the thresholds whose FA/h <= target,
+take the lowest FRR; ties go to the lower FA/h, then to the higher threshold (fewer false alarms
+for the same FRR). When no threshold meets the target the operating point is null. One false
+alarm in the whole filler set is already 1 / filler_hours FA/h; a target below that can only be
+met with zero false alarms, and the metrics flag it (`zero_fa_only`).
+
+A keyword without positives in the test set is an error (its FRR is undefined), as is a test
+set without filler audio (FA/h undefined).
+"""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
+from kws.errors import KwsError
+
+DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
+FA_FLOOR = 1e-6
+_MAX_BLOCK = 1 << 22  # thresholds x frames per look-up table block (int32: 16 MiB)
+
+
+def thresholds_for(step=0.01):
+    """0.00, step, 2*step, ... < 1 (WeKws's `while t <= 1.0: t += step` without the float drift)."""
+    if not (0 < step < 1):
+        raise KwsError(f"threshold step must be in (0, 1), got {step}")
+    count = int(math.floor(1.0 / step + 1e-9))
+    if count * step >= 1.0 - 1e-9:
+        count -= 1
+    values = np.round(np.arange(count + 1) * step, 10)
+    return values[values < 1.0]
+
+
+def keyword_slug(token):
+    """`<HI_XIAOWEN>` -> `hi_xiaowen` (the stats file name part)."""
+    name = token.strip().strip("<>").lower()
+    name = re.sub(r"[^0-9a-z_.\-]+", "_", name).strip("_")
+    return name or "keyword"
+
+
+def stats_name(token):
+    return f"stats.{keyword_slug(token)}.txt"
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def count_false_alarms(scores, thresholds, window_shift):
+    """False alarms of one frame sequence for every threshold: int array like `thresholds`.
+
+    Exactly WeKws's scan: i = 0; while i < T: if s[i] >= t: n += 1; i += window_shift else i += 1.
+    The sequence is processed in frame chunks (about 4 M thresholds x frames each) carrying each
+    threshold's next position across chunks; in a chunk, next[k, p] (first frame >= p scoring
+    >= threshold k) comes from a reversed running minimum and the chains of all thresholds
+    advance together: about T / window_shift numpy steps in all.
+    """
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    thresholds = np.asarray(thresholds, dtype=np.float64).ravel()
+    if window_shift < 1:
+        raise KwsError(f"window_shift must be >= 1 frame, got {window_shift}")
+    num_thr = len(thresholds)
+    counts = np.zeros(num_thr, dtype=np.int64)
+    num = scores.size
+    if num == 0 or num_thr == 0:
+        return counts
+    chunk = max(4 * window_shift, 1024, _MAX_BLOCK // num_thr)
+    pos = np.zeros(num_thr, dtype=np.int64)  # absolute index of the next frame to examine
+    for c0 in range(0, num, chunk):
+        seg = scores[c0:c0 + chunk]
+        size = seg.size
+        rows = np.nonzero((thresholds <= seg.max()) & (pos < c0 + size))[0]
+        if rows.size == 0:
+            continue
+        above = seg[None, :] >= thresholds[rows, None]
+        nxt = np.full((rows.size, size + 1), size, dtype=np.int32)
+        nxt[:, :size] = np.where(above, np.arange(size, dtype=np.int32)[None, :], size)
+        nxt = np.minimum.accumulate(nxt[:, ::-1], axis=1)[:, ::-1]
+        local = np.maximum(pos[rows] - c0, 0)
+        found = np.zeros(rows.size, dtype=np.int64)
+        active = np.arange(rows.size)
+        while active.size:
+            hit = nxt[active, local[active]].astype(np.int64)
+            fired = hit < size
+            found[active[fired]] += 1
+            local[active] = np.where(fired, hit + window_shift, size)
+            active = active[fired & (local[active] < size)]
+        counts[rows] += found
+        pos[rows] = c0 + local
+    return counts
+
+
+def count_false_alarms_many(score_lists, thresholds, window_shift, chunk_frames=1 << 22):
+    """Total false alarms over many utterances, for every threshold.
+
+    Utterances are concatenated (up to `chunk_frames` per pass) with `window_shift` frames of
+    -inf between them: a hold-off that starts in one utterance ends inside the gap and the gap
+    never fires, so the scan restarts exactly at the next utterance's first frame, as in WeKws's
+    per-utterance loop — at a fraction of the per-call overhead for many short utterances.
+    """
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    if window_shift < 1:
+        raise KwsError(f"window_shift must be >= 1 frame, got {window_shift}")
+    total = np.zeros(len(thresholds), dtype=np.int64)
+    gap = np.full(window_shift, -np.inf)
+    pending, size = [], 0
+    for scores in score_lists:
+        scores = np.asarray(scores, dtype=np.float64).ravel()
+        if scores.size == 0:
+            continue
+        pending += [scores, gap]
+        size += scores.size + window_shift
+        if size >= chunk_frames:
+            total += count_false_alarms(np.concatenate(pending), thresholds, window_shift)
+            pending, size = [], 0
+    if pending:
+        total += count_false_alarms(np.concatenate(pending), thresholds, window_shift)
+    return total
+
+
+def false_rejects(max_scores, thresholds):
+    """Number of positives whose maximum score is < threshold, for every threshold."""
+    ordered = np.sort(np.asarray(max_scores, dtype=np.float64))
+    return np.searchsorted(ordered, np.asarray(thresholds, dtype=np.float64), side="left")
+
+
+def det_curve(positive_scores, filler_scores, filler_seconds, thresholds, window_shift):
+    """FA/h and FRR per threshold from positive and filler score sequences.
+
+    Returns dict with arrays `threshold`, `fa_per_hour`, `frr`, `false_alarms`, `false_rejects`.
+    """
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    maxima = [float(np.max(s)) if len(s) else -math.inf for s in positive_scores]
+    if not maxima:
+        raise KwsError("no positive utterances")
+    hours = filler_seconds / 3600.0
+    if hours <= 0:
+        raise KwsError("no filler audio")
+    n_fr = false_rejects(maxima, thresholds)
+    n_fa = count_false_alarms_many(filler_scores, thresholds, window_shift)
+    return {
+        "threshold": thresholds,
+        "fa_per_hour": np.maximum(n_fa, FA_FLOOR) / hours,
+        "frr": n_fr / len(maxima),
+        "false_alarms": n_fa,
+        "false_rejects": n_fr,
+    }
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_scores(path, dictionary):
+    """Read score.txt (`key KEYWORD p_1 ... p_T`): {token: {key: np.ndarray}}.
+
+    The keyword column may be the token or its integer id (older WeKws); the first line for a
+    (key, keyword) pair wins, like WeKws.
+    """
+    id_to_token = {str(i): t for t, i in dictionary.items() if i != FILLER}
+    tokens = set(id_to_token.values())
+    table = {token: {} for token in tokens}
+    try:
+        handle = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise KwsError(f"{path}: score file not found") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) < 2:
+                raise KwsError(f"{path}:{number}: expected `key KEYWORD p_1 ... p_T`")
+            key, keyword = parts[0], parts[1]
+            token = keyword if keyword in tokens else id_to_token.get(keyword)
+            if token is None:
+                raise KwsError(f"{path}:{number}: keyword {keyword!r} is not in the dictionary")
+            if key in table[token]:
+                continue
+            try:
+                values = np.array(parts[2:], dtype=np.float64)
+            except ValueError:
+                raise KwsError(f"{path}:{number}: posteriors must be numbers") from None
+            if values.size == 0:
+                raise KwsError(f"{path}:{number}: no frame posteriors for {key}")
+            table[token][key] = values
+    return table
+
+
+def write_stats(path, curve):
+    from kws.fileio import atomic_open
+
+    with atomic_open(path) as out:
+        for t, fa, frr in zip(curve["threshold"], curve["fa_per_hour"], curve["frr"]):
+            out.write(f"{t:.6f} {fa:.6f} {frr:.6f}\n")
+
+
+def read_stats(path):
+    """Read a stats file -> dict of arrays threshold, fa_per_hour, frr."""
+    try:
+        data = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    except FileNotFoundError:
+        raise KwsError(f"{path}: stats file not found") from None
+    except ValueError as err:
+        raise KwsError(f"{path}: malformed stats file ({err})") from None
+    if data.shape[0] == 0 or data.shape[1] != 3:
+        raise KwsError(f"{path}: expected lines `threshold fa_per_hour frr`")
+    return {"threshold": data[:, 0], "fa_per_hour": data[:, 1], "frr": data[:, 2]}
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def operating_point(curve, target):
+    """The lowest-FRR threshold with FA/h <= target (ties: lower FA/h, then higher threshold)."""
+    t = np.asarray(curve["threshold"])
+    fa = np.asarray(curve["fa_per_hour"])
+    frr = np.asarray(curve["frr"])
+    ok = np.nonzero(fa <= target + 1e-12)[0]
+    if ok.size == 0:
+        return None
+    best = min(ok, key=lambda i: (frr[i], fa[i], -t[i]))
+    return {"threshold": float(t[best]), "frr": float(frr[best]), "fa_per_hour": float(fa[best])}
+
+
+def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, fa_targets):
+    hours = filler_seconds / 3600.0
+    resolution = 1.0 / hours
+    points = []
+    for target in fa_targets:
+        point = operating_point(curve, target)
+        entry = {"fa_per_hour_target": float(target)}
+        entry.update(point or {"threshold": None, "frr": None, "fa_per_hour": None})
+        entry["zero_fa_only"] = bool(target < resolution)
+        points.append(entry)
+    t = np.asarray(curve["threshold"])
+    half = int(np.argmin(np.abs(t - 0.5)))
+    return {
+        "token": token,
+        "name": keyword_slug(token),
+        "stats_file": stats_name(token),
+        "num_positives": int(num_positives),
+        "num_filler_utterances": int(num_fillers),
+        "filler_hours": hours,
+        "fa_per_hour_resolution": resolution,
+        "operating_points": points,
+        "at_threshold_0.5": {
+            "threshold": float(t[half]),
+            "frr": float(curve["frr"][half]),
+            "fa_per_hour": float(curve["fa_per_hour"][half]),
+        },
+    }
+
+
+def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, window_shift=50,
+                fa_targets=DEFAULT_FA_TARGETS, experiment=None):
+    """Write stats.<kw>.txt per keyword and metrics.{json,tsv,md} into `out_dir`; return the metrics."""
+    from kws.fileio import atomic_open, ensure_dir
+
+    if window_shift < 1:
+        raise KwsError(f"window_shift must be >= 1 frame, got {window_shift}")
+    fa_targets = [float(x) for x in fa_targets]
+    if not fa_targets or any(not (x > 0) for x in fa_targets):
+        raise KwsError(f"FA/h targets must be positive numbers, got {fa_targets}")
+    dictionary = read_dictionary(dict_path)
+    tokens = keyword_names(dictionary)
+    if not tokens:
+        raise KwsError(f"{dict_path}: no keywords (only fillers)")
+    items = read_data_list(data_list_path, num_keywords=len(tokens))
+    scores = read_scores(score_path, dictionary)
+    thresholds = thresholds_for(step)
+    out_dir = ensure_dir(out_dir)
+    keywords = []
+    for index, token in enumerate(tokens):
+        table = scores[token]
+        missing = [item["key"] for item in items if item["key"] not in table]
+        if missing:
+            raise KwsError(
+                f"{score_path}: no scores for keyword {token} of {len(missing)} utterance(s) of "
+                f"{data_list_path} (first: {missing[0]}); score and test data do not match"
+            )
+        known = {item["key"] for item in items}
+        extra = [key for key in table if key not in known]
+        if extra:
+            raise KwsError(f"{score_path}: utterance {extra[0]!r} ({token}) is not in {data_list_path}")
+        positives = [table[item["key"]] for item in items if item["txt"] == index]
+        fillers = [item for item in items if item["txt"] != index]
+        if not positives:
+            raise KwsError(
+                f"{data_list_path}: keyword {token} has no positive utterances in the test set, "
+                f"so its false reject rate is undefined"
+            )
+        filler_seconds = float(sum(item["duration"] for item in fillers))
+        if filler_seconds <= 0:
+            raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
+        curve = det_curve(positives, [table[item["key"]] for item in fillers], filler_seconds,
+                          thresholds, window_shift)
+        write_stats(out_dir / stats_name(token), curve)
+        keywords.append(summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets))
+    metrics = {
+        "experiment": experiment,
+        "score": str(score_path),
+        "test_data": str(data_list_path),
+        "step": step,
+        "window_shift": window_shift,
+        "fa_targets": fa_targets,
+        "keywords": keywords,
+    }
+    with atomic_open(out_dir / "metrics.json") as handle:
+        json.dump(metrics, handle, indent=2)
+        handle.write("\n")
+    with atomic_open(out_dir / "metrics.tsv") as handle:
+        handle.write(metrics_tsv(metrics))
+    with atomic_open(out_dir / "metrics.md") as handle:
+        handle.write(metrics_markdown(metrics))
+    return metrics
+
+
+# --------------------------------------------------------------------------- tables
+
+TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "threshold", "fa_per_hour",
+               "zero_fa_only", "num_positives", "filler_hours")
+
+
+def _num(value, digits=6):
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _tsv_rows(metrics, experiment=None):
+    name = experiment if experiment is not None else (metrics.get("experiment") or "")
+    for kw in metrics["keywords"]:
+        for point in kw["operating_points"]:
+            yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
+                   _num(point["threshold"], 2), _num(point["fa_per_hour"]), str(point["zero_fa_only"]).lower(),
+                   str(kw["num_positives"]), f"{kw['filler_hours']:.4f}"]
+
+
+def metrics_tsv(metrics):
+    """Long-format TSV: one row per keyword and FA/h target."""
+    lines = ["\t".join(TSV_COLUMNS)]
+    lines += ["\t".join(row) for row in _tsv_rows(metrics)]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(point):
+    if point["frr"] is None:
+        return "n/a"
+    mark = "\\*" if point["zero_fa_only"] else ""
+    return f"{100 * point['frr']:.2f}% (t={point['threshold']:.2f}){mark}"
+
+
+def _targets_header(targets):
+    return [f"FRR @ {t:g} FA/h" for t in targets]
+
+
+def metrics_markdown(metrics, title=None):
+    """A Markdown table: one row per keyword, FRR (and threshold) at each FA/h target."""
+    targets = metrics["fa_targets"]
+    heading = title or (f"Metrics: {metrics['experiment']}" if metrics.get("experiment") else "Metrics")
+    header = ["Keyword", "Positives", "Filler hours"] + _targets_header(targets) + ["FRR @ t=0.5", "FA/h @ t=0.5"]
+    lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    flagged = False
+    for kw in metrics["keywords"]:
+        cells = [kw["token"], str(kw["num_positives"]), f"{kw['filler_hours']:.3f}"]
+        cells += [_cell(p) for p in kw["operating_points"]]
+        flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
+        half = kw["at_threshold_0.5"]
+        cells += [f"{100 * half['frr']:.2f}%", f"{half['fa_per_hour']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; "
+                 "t = operating threshold (lowest FRR with FA/h at or below the target; ties: higher t). "
+                 "n/a: no threshold meets the target.")
+    if flagged:
+        lines.append("")
+        lines.append("\\* target below 1 false alarm per filler-hours of test audio: this FRR is the FRR at "
+                     "zero false alarms; the test set has too few filler hours to resolve the target.")
+    return "\n".join(lines) + "\n"
+
+
+def _load_metrics(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise KwsError(f"{path}: metrics file not found") from None
+    except json.JSONDecodeError as err:
+        raise KwsError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+    if not isinstance(data, dict) or "keywords" not in data or "fa_targets" not in data:
+        raise KwsError(f"{path}: not a kwsflow metrics.json")
+    return data
+
+
+def compare_metrics(named):
+    """Compare experiments: `named` is a list of (name, metrics.json path or dict) -> (markdown, tsv).
+
+    The Markdown table has one row per keyword and experiment; FA/h targets are the union over
+    experiments (a target an experiment was not evaluated at shows `-`).
+    """
+    loaded = [(name, m if isinstance(m, dict) else _load_metrics(m)) for name, m in named]
+    if not loaded:
+        raise KwsError("no experiments to compare")
+    targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
+    header = ["Keyword", "Experiment", "Positives", "Filler hours"] + _targets_header(targets)
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    tsv = ["\t".join(TSV_COLUMNS)]
+    tokens = []
+    for _, m in loaded:
+        for kw in m["keywords"]:
+            if kw["token"] not in tokens:
+                tokens.append(kw["token"])
+    flagged = False
+    for token in tokens:
+        for name, m in loaded:
+            kw = next((k for k in m["keywords"] if k["token"] == token), None)
+            if kw is None:
+                continue
+            by_target = {float(p["fa_per_hour_target"]): p for p in kw["operating_points"]}
+            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.3f}"]
+            cells += [_cell(by_target[t]) if t in by_target else "-" for t in targets]
+            flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
+            md.append("| " + " | ".join(cells) + " |")
+    for name, m in loaded:
+        tsv += ["\t".join(row) for row in _tsv_rows(m, experiment=str(name))]
+    if flagged:
+        md += ["", "\\* target below 1 false alarm per filler-hours of test audio (FRR at zero false alarms)."]
+    return "\n".join(md) + "\n", "\n".join(tsv) + "\n"

@@ -1,0 +1,457 @@
+"""Export a trained model for streaming inference: ONNX and TorchScript, verified against PyTorch.
+
+Both exports compute one step of the stream:
+
+    (feats [1, T, D] float32, cache) -> (posteriors [1, T, K] = sigmoid(logits), new_cache)
+
+with a dynamic time axis T; the zero cache (shape `meta["cache_shape"]`) starts a stream. The
+metadata (keyword tokens, cache shape, fbank settings, recommended thresholds per keyword) is stored
+in the ONNX model's `metadata_props` (key `kwsflow_meta` holds all of it as JSON, plus one key per
+field) and in the TorchScript archive as the extra file `meta.json`.
+
+At export time both files are loaded back (onnxruntime, torch.jit.load) and run on test utterances,
+whole and chunk by chunk carrying the cache; any posterior further than `tolerance` (1e-5) from the
+PyTorch model's whole-utterance posteriors is a KwsError and nothing is written.
+
+`load_exported(path)` opens either file (by suffix) as a runner with `meta`, `init_cache()` and
+`run(feats, cache)`; the detector (`kws.detect`) and the export check use the same runners.
+"""
+
+import contextlib
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from kws.errors import KwsError
+from kws.features import fbank_settings
+
+FORMAT = "kwsflow-streaming-kws"
+FORMAT_VERSION = 1
+OPSET = 17
+DEFAULT_THRESHOLD = 0.5
+DEFAULT_FA_TARGET = 1.0
+DEFAULT_CHUNKS = (1, 10, 37)  # frames per step in the chunked check
+META_FILE = "meta.json"  # TorchScript extra file
+SAMPLE_RATE = 16000
+
+
+class StreamingWrapper(nn.Module):
+    """forward(feats, cache) -> (sigmoid(logits), new_cache): what the exports compute."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, feats: torch.Tensor, cache: torch.Tensor):
+        logits, new_cache = self.model(feats, cache)
+        return torch.sigmoid(logits), new_cache
+
+
+# --------------------------------------------------------------------------- thresholds
+
+def slug(token):
+    """`<HI_XIAOWEN>` -> `hi_xiaowen`, the spelling kws.det uses for keyword names."""
+    from kws.det import keyword_slug
+
+    return keyword_slug(str(token))
+
+
+def _keyword_entries(metrics):
+    """(name, entry) pairs from the shapes metrics.json may take: a list of keyword dicts
+    (with `token`/`name`) or a mapping name -> entry, under `keywords` or at the top level."""
+    node = metrics.get("keywords", metrics) if isinstance(metrics, dict) else None
+    pairs = []
+    if isinstance(node, list):
+        for entry in node:
+            if isinstance(entry, dict):
+                for key in ("token", "name", "keyword"):
+                    if isinstance(entry.get(key), str):
+                        pairs.append((entry[key], entry))
+    elif isinstance(node, dict):
+        for name, entry in node.items():
+            if isinstance(entry, dict):
+                pairs.append((str(name), entry))
+    return pairs
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def recommended_thresholds(metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD):
+    """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
+    `fa_target` FA/h when there is one, else `default`. A missing or malformed file is a KwsError;
+    a keyword or operating point it lacks falls back to the default (and says so)."""
+    if metrics_path is None:
+        return {kw: (default, "default (no metrics given)") for kw in keywords}
+    path = Path(metrics_path)
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KwsError(f"{path}: metrics file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise KwsError(f"{path}: not a JSON metrics file ({err})") from None
+    entries = {}
+    for name, entry in _keyword_entries(metrics):
+        entries.setdefault(slug(name), entry)
+    result = {}
+    for kw in keywords:
+        entry = entries.get(slug(kw))
+        if entry is None:
+            result[kw] = (default, f"default ({path.name} has no entry for {kw})")
+            continue
+        chosen = None
+        for point in entry.get("operating_points") or []:
+            if not isinstance(point, dict):
+                continue
+            target = _number(point.get("fa_per_hour_target", point.get("target")))
+            if target is not None and abs(target - fa_target) < 1e-9:
+                chosen = point
+                break
+        threshold = _number(chosen.get("threshold")) if chosen else None
+        if threshold is None or not 0.0 <= threshold <= 1.0:
+            why = "no threshold" if chosen else "no operating point"
+            result[kw] = (default, f"default ({path.name}: {why} at {fa_target:g} FA/h for {kw})")
+            continue
+        frr = _number(chosen.get("frr"))
+        fa = _number(chosen.get("fa_per_hour"))
+        detail = ", ".join(x for x in (f"FRR {frr:.4f}" if frr is not None else "",
+                                       f"{fa:.3g} FA/h measured" if fa is not None else "") if x)
+        result[kw] = (threshold, f"{path.name}: operating point at {fa_target:g} FA/h"
+                      + (f" ({detail})" if detail else ""))
+    return result
+
+
+# --------------------------------------------------------------------------- metadata
+
+def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
+    """The metadata stored with both exports (plain JSON-able data)."""
+    if len(keywords) != model.num_keywords:
+        raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
+    cache = model.init_cache(1)
+    fbank = dict(fbank_settings((config.get("dataset_conf") or {}).get("fbank_conf")))
+    training_dither = fbank.pop("dither", 0.0)
+    fbank.update({"dither": 0.0, "training_dither": training_dither, "sample_rate": SAMPLE_RATE,
+                  "snip_edges": True, "energy_floor": 0.0, "waveform_scale": 32768,
+                  "implementation": "kws.features.compute_fbank (torchaudio.compliance.kaldi.fbank)"})
+    if int(fbank["num_mel_bins"]) != model.input_dim:
+        raise KwsError(f"config fbank num_mel_bins {fbank['num_mel_bins']} != model input_dim {model.input_dim}")
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "keywords": list(keywords),
+        "num_keywords": int(model.num_keywords),
+        "input_dim": int(model.input_dim),
+        "cache_shape": list(cache.shape),
+        "inputs": {"feats": [1, "T", int(model.input_dim)], "cache": list(cache.shape)},
+        "outputs": {"posteriors": [1, "T", int(model.num_keywords)], "new_cache": list(cache.shape)},
+        "posteriors": "sigmoid(logits), per frame and keyword",
+        "fbank": fbank,
+        "thresholds": {kw: float(thresholds[kw]) for kw in keywords},
+        "threshold_sources": dict(threshold_sources or {}),
+        "model": config.get("model"),
+    }
+
+
+# --------------------------------------------------------------------------- writing
+
+def _quiet():
+    stack = contextlib.ExitStack()
+    catcher = stack.enter_context(warnings.catch_warnings())
+    del catcher
+    warnings.simplefilter("ignore")
+    return stack
+
+
+def write_onnx(wrapper, meta, path, opset=OPSET):
+    """Export `wrapper` to ONNX at `path` (dynamic T) and store `meta` in metadata_props."""
+    import onnx
+
+    cache = torch.zeros(meta["cache_shape"])
+    feats = torch.zeros(1, 20, meta["input_dim"])
+    try:
+        with _quiet(), torch.no_grad():
+            torch.onnx.export(
+                wrapper, (feats, cache), str(path), input_names=["feats", "cache"],
+                output_names=["posteriors", "new_cache"],
+                dynamic_axes={"feats": {1: "T"}, "posteriors": {1: "T"}},
+                opset_version=opset, dynamo=False, do_constant_folding=True)
+    except Exception as err:  # noqa: BLE001 - the exporter raises many types
+        raise KwsError(f"{path}: ONNX export failed ({type(err).__name__}: {str(err).splitlines()[0][:300]})") from None
+    proto = onnx.load(str(path))
+    props = {"kwsflow_meta": json.dumps(meta, sort_keys=True)}
+    for key in ("keywords", "cache_shape", "fbank", "thresholds", "num_keywords", "input_dim", "format_version"):
+        props[key] = json.dumps(meta[key], sort_keys=True)
+    del proto.metadata_props[:]
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.producer_name = "kwsflow"
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(path))
+
+
+def write_torchscript(wrapper, meta, path):
+    """torch.jit.script the wrapper (torch.jit.trace when scripting fails); save with meta.json.
+
+    Returns "script" or "trace". A trace is checked at other lengths like the script is, by
+    `verify_exports`, so a shape frozen by tracing would fail the export."""
+    cache = torch.zeros(meta["cache_shape"])
+    feats = torch.zeros(1, 20, meta["input_dim"])
+    with _quiet():
+        try:
+            module, how = torch.jit.script(wrapper), "script"
+        except Exception:  # noqa: BLE001 - fall back to tracing (static Python control flow only)
+            try:
+                with torch.no_grad():
+                    module, how = torch.jit.trace(wrapper, (feats, cache), check_trace=False), "trace"
+            except Exception as err:  # noqa: BLE001
+                raise KwsError(f"{path}: TorchScript export failed ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:300]})") from None
+        module = torch.jit.freeze(module.eval()) if how == "script" else module
+        torch.jit.save(module, str(path), _extra_files={META_FILE: json.dumps(meta, sort_keys=True)})
+    return how
+
+
+# --------------------------------------------------------------------------- runners
+
+class OnnxRunner:
+    """An exported ONNX model run with onnxruntime (CPU)."""
+
+    backend = "onnx"
+
+    def __init__(self, path, threads=1):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # noqa: BLE001
+            raise KwsError(f"{path}: not a loadable ONNX model ({str(err).splitlines()[0][:200]})") from None
+        props = self.session.get_modelmeta().custom_metadata_map
+        if "kwsflow_meta" not in props:
+            raise KwsError(f"{path}: ONNX model has no kwsflow metadata (export it with scripts/export_model.py)")
+        self.meta = json.loads(props["kwsflow_meta"])
+
+    def init_cache(self):
+        return np.zeros(self.meta["cache_shape"], dtype=np.float32)
+
+    def run(self, feats, cache):
+        """feats float32 [1, T, D] (numpy or tensor), cache -> (posteriors np [1, T, K], new_cache)."""
+        feats = np.ascontiguousarray(np.asarray(feats, dtype=np.float32))
+        posteriors, new_cache = self.session.run(None, {"feats": feats, "cache": cache})
+        return posteriors, new_cache
+
+
+class TorchScriptRunner:
+    """An exported TorchScript model (model.pt)."""
+
+    backend = "torchscript"
+
+    def __init__(self, path, threads=None):
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        extra = {META_FILE: ""}
+        try:
+            self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        except Exception as err:  # noqa: BLE001
+            raise KwsError(f"{path}: not a TorchScript model ({str(err).splitlines()[0][:160]}); "
+                           f"export a checkpoint with scripts/export_model.py") from None
+        if not extra[META_FILE]:
+            raise KwsError(f"{path}: TorchScript model has no {META_FILE} (export it with scripts/export_model.py)")
+        self.meta = json.loads(extra[META_FILE])
+        self.module.eval()
+
+    def init_cache(self):
+        return torch.zeros(self.meta["cache_shape"])
+
+    def run(self, feats, cache):
+        feats = torch.as_tensor(feats, dtype=torch.float32)
+        with torch.inference_mode():
+            posteriors, new_cache = self.module(feats, cache)
+        return posteriors.numpy(), new_cache
+
+
+class EagerRunner:
+    """The PyTorch model itself (reference for the export check, and the benchmark's baseline)."""
+
+    backend = "pytorch"
+
+    def __init__(self, model, meta):
+        self.wrapper = StreamingWrapper(model).eval()
+        self.meta = meta
+
+    def init_cache(self):
+        return torch.zeros(self.meta["cache_shape"])
+
+    def run(self, feats, cache):
+        feats = torch.as_tensor(feats, dtype=torch.float32)
+        with torch.inference_mode():
+            posteriors, new_cache = self.wrapper(feats, cache)
+        return posteriors.numpy(), new_cache
+
+
+def load_exported(path, threads=1):
+    """Open an exported model by suffix: `.onnx` -> onnxruntime, anything else -> TorchScript."""
+    path = Path(path)
+    if not path.is_file():
+        raise KwsError(f"{path}: model file not found")
+    if path.suffix.lower() == ".onnx":
+        return OnnxRunner(path, threads=threads)
+    return TorchScriptRunner(path, threads=threads)
+
+
+# --------------------------------------------------------------------------- verification
+
+def run_chunked(runner, feats, chunk):
+    """Posteriors of feats [1, T, D] fed `chunk` frames at a time, carrying the cache."""
+    cache = runner.init_cache()
+    outputs = []
+    for start in range(0, feats.shape[1], chunk):
+        posteriors, cache = runner.run(feats[:, start:start + chunk], cache)
+        outputs.append(np.asarray(posteriors))
+    return np.concatenate(outputs, axis=1), cache
+
+
+def _max_abs(a, b):
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)))) if np.size(a) else 0.0
+
+
+def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5):
+    """Compare each runner with `reference` on `utterances` ([(key, feats [T, D])]).
+
+    Posteriors whole and chunked (every chunk size in `chunks`) must be within `tolerance` of the
+    reference's whole-utterance posteriors; the final cache within tolerance * max(1, |cache|).
+    Returns {backend: {"whole": maxdiff, "chunked": maxdiff, "cache": maxdiff}}; KwsError on a mismatch.
+    """
+    if not utterances:
+        raise KwsError("export check: no test utterances")
+    report = {}
+    failures = []
+    for runner in [reference] + list(runners):
+        report[runner.backend] = {"whole": 0.0, "chunked": 0.0, "cache": 0.0}
+    for key, feats in utterances:
+        feats = torch.as_tensor(feats, dtype=torch.float32).unsqueeze(0)
+        ref, ref_cache = reference.run(feats, reference.init_cache())
+        ref_cache = np.asarray(ref_cache)
+        scale = max(1.0, float(np.max(np.abs(ref_cache))) if ref_cache.size else 1.0)
+        for runner in [reference] + list(runners):
+            stats = report[runner.backend]
+            if runner is not reference:
+                whole, cache = runner.run(feats, runner.init_cache())
+                stats["whole"] = max(stats["whole"], _max_abs(whole, ref))
+                stats["cache"] = max(stats["cache"], _max_abs(cache, ref_cache) / scale)
+            for chunk in chunks:
+                chunked, cache = run_chunked(runner, feats, chunk)
+                stats["chunked"] = max(stats["chunked"], _max_abs(chunked, ref))
+                stats["cache"] = max(stats["cache"], _max_abs(cache, ref_cache) / scale)
+            for what, value in stats.items():
+                if not value <= tolerance:  # also catches NaN
+                    failures.append(f"{runner.backend} {what} differs by {value:.3g} on {key}")
+    if failures:
+        raise KwsError(f"export check failed (tolerance {tolerance:g}): " + "; ".join(sorted(set(failures))[:6]))
+    return report
+
+
+# --------------------------------------------------------------------------- top level
+
+def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5, opset=OPSET,
+                     extra_report=None, threads=1):
+    """Write model.onnx, model.pt and export.json into `out_dir` after verifying both exports.
+
+    Everything is built under temporary names and renamed only when the check passes."""
+    from kws.fileio import atomic_open, atomic_path, ensure_dir
+
+    out_dir = ensure_dir(out_dir)
+    model = model.eval()
+    wrapper = StreamingWrapper(model).eval()
+    with atomic_path(out_dir / "model.onnx") as onnx_tmp, atomic_path(out_dir / "model.pt") as ts_tmp:
+        write_onnx(wrapper, meta, onnx_tmp, opset=opset)
+        how = write_torchscript(wrapper, meta, ts_tmp)
+        runners = [OnnxRunner(onnx_tmp, threads=threads), TorchScriptRunner(ts_tmp)]
+        for runner in runners:
+            if runner.meta != json.loads(json.dumps(meta)):
+                raise KwsError(f"export check failed: {runner.backend} metadata did not round-trip")
+        diffs = verify_exports(EagerRunner(model, meta), runners, utterances, chunks, tolerance)
+        report = {
+            **(extra_report or {}),
+            "files": {"onnx": "model.onnx", "torchscript": "model.pt"},
+            "onnx_opset": opset,
+            "torchscript_method": how,
+            "torch_version": torch.__version__,
+            "check": {"utterances": [key for key, _ in utterances],
+                      "frames": int(sum(f.shape[0] for _, f in utterances)),
+                      "chunk_frames": list(chunks), "tolerance": tolerance,
+                      "max_abs_diff": {"onnx": diffs["onnx"], "torchscript": diffs["torchscript"],
+                                       "pytorch_chunked": diffs["pytorch"]}},
+            "meta": meta,
+        }
+        with atomic_open(out_dir / "export.json") as handle:
+            json.dump(report, handle, indent=2)
+            handle.write("\n")
+    return report
+
+
+def pick_utterances(items, num):
+    """Up to `num` items, round-robin over labels (keyword and filler utterances alike), in file order."""
+    by_label = {}
+    for item in items:
+        by_label.setdefault(item["txt"], []).append(item)
+    queues = [list(v) for _, v in sorted(by_label.items())]
+    chosen = []
+    while len(chosen) < num and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < num:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def test_features(data_list, fbank_conf, num):
+    """[(key, fbank [T, D])] of `num` utterances of a data.list (dither 0, as at inference)."""
+    from kws.audio import read_wav
+    from kws.datalist import read_data_list
+    from kws.features import compute_fbank
+
+    result = []
+    for item in pick_utterances(read_data_list(data_list), num):
+        feats = compute_fbank(read_wav(item["wav"]), fbank_conf, dither=0.0)
+        if feats.shape[0] > 0:
+            result.append((item["key"], feats))
+    if not result:
+        raise KwsError(f"{data_list}: no utterance long enough for one fbank frame")
+    return result
+
+
+def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_utts=8,
+                 fa_target=DEFAULT_FA_TARGET, tolerance=1e-5, opset=OPSET):
+    """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report."""
+    from kws.checkpoint import load_model
+    from kws.datalist import keyword_names, read_dictionary
+
+    if num_utts < 1:
+        raise KwsError(f"--num-utts must be at least 1, got {num_utts}")
+    model, payload = load_model(checkpoint, "cpu")
+    config = payload["config"]
+    keywords = keyword_names(read_dictionary(dict_path))
+    if len(keywords) != model.num_keywords:
+        raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
+    chosen = recommended_thresholds(metrics, keywords, fa_target)
+    meta = build_metadata(model, config, keywords, {k: v[0] for k, v in chosen.items()},
+                          {k: v[1] for k, v in chosen.items()})
+    utterances = test_features(test_data, meta["fbank"], num_utts)
+    extra = {"checkpoint": os.fspath(checkpoint), "dict": os.fspath(dict_path),
+             "metrics": os.fspath(metrics) if metrics else None, "test_data": os.fspath(test_data),
+             "fa_per_hour_target": fa_target}
+    return export_artifacts(model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra)

@@ -1,0 +1,99 @@
+"""Build `wav.dur` and WeKws `data.list` from a split's `wav.scp` + `text`, checking every wav header.
+
+Every problem is a one-line KwsError naming the file and line at fault (for audio problems: the
+wav.scp line and the wav). Nothing is written unless the whole split is good.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kws.audio import SAMPLE_RATE, wav_info
+from kws.datalist import _open_lines, read_dictionary, write_data_list
+from kws.errors import KwsError
+from kws.fileio import atomic_open
+
+
+def read_numbered_map(path):
+    """A Kaldi two-column file as key -> (line number, value), in file order (errors like read_kaldi_map)."""
+    table = {}
+    for number, line in enumerate(_open_lines(path), start=1):
+        if not line.strip():
+            continue
+        parts = line.strip().split(maxsplit=1)
+        if len(parts) != 2:
+            raise KwsError(f"{path}:{number}: expected `<key> <value>`, got {line.strip()[:60]!r}")
+        key, value = parts
+        if key in table:
+            raise KwsError(f"{path}:{number}: duplicate key {key!r} (first on line {table[key][0]})")
+        table[key] = (number, value.strip())
+    return table
+
+
+def default_threads():
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
+    """Check a split folder; returns the data.list items (key, txt, duration, wav) in wav.scp order."""
+    data_dir = Path(data_dir)
+    scp_path, text_path = data_dir / "wav.scp", data_dir / "text"
+    dictionary = read_dictionary(dict_path)
+    scp = read_numbered_map(scp_path)
+    text = read_numbered_map(text_path)
+    if not scp:
+        raise KwsError(f"{scp_path}: no utterances")
+    for key, (number, _) in scp.items():
+        if key not in text:
+            raise KwsError(f"{scp_path}:{number}: utterance {key!r} has no label in {text_path}")
+    for key, (number, label) in text.items():
+        if key not in scp:
+            raise KwsError(f"{text_path}:{number}: utterance {key!r} has no entry in {scp_path}")
+        if label not in dictionary:
+            raise KwsError(f"{text_path}:{number}: label {label!r} of {key!r} is not in {dict_path}")
+    for key, (number, wav) in scp.items():
+        if wav.endswith("|"):
+            raise KwsError(f"{scp_path}:{number}: {key}: piped commands are not supported, give a wav file path")
+
+    wavs = [wav for _, wav in scp.values()]
+    threads = default_threads() if threads is None else max(1, int(threads))
+    if threads > 1 and len(wavs) > 1:
+        with ThreadPoolExecutor(max_workers=min(threads, len(wavs))) as pool:
+            headers = list(pool.map(lambda wav: _header_at(wav, expected_rate), wavs, chunksize=64))
+    else:
+        headers = [_header_at(wav, expected_rate) for wav in wavs]
+
+    items = []
+    for (key, (number, wav)), (duration, err) in zip(scp.items(), headers):
+        if err is not None:
+            raise KwsError(f"{scp_path}:{number}: {err}")
+        items.append({"key": key, "txt": dictionary[text[key][1]], "duration": duration, "wav": wav})
+    return items
+
+
+def _header_at(wav, expected_rate):
+    try:
+        return wav_info(wav, expected_rate=expected_rate), None
+    except KwsError as err:
+        return None, err
+
+
+def make_list(data_dir, dict_path, wav_dur=None, data_list=None, threads=None, expected_rate=SAMPLE_RATE):
+    """Write `wav.dur` and `data.list` for a split (defaults: inside `data_dir`); returns a summary."""
+    data_dir = Path(data_dir)
+    wav_dur = Path(wav_dur) if wav_dur else data_dir / "wav.dur"
+    data_list = Path(data_list) if data_list else data_dir / "data.list"
+    items = check_split(data_dir, dict_path, threads=threads, expected_rate=expected_rate)
+    with atomic_open(wav_dur) as out:
+        for item in items:
+            out.write(f"{item['key']} {item['duration']!r}\n")
+        write_data_list(data_list, items)
+    keywords = sum(1 for item in items if item["txt"] >= 0)
+    return {
+        "utterances": len(items),
+        "keyword_utterances": keywords,
+        "filler_utterances": len(items) - keywords,
+        "hours": sum(item["duration"] for item in items) / 3600.0,
+        "wav_dur": str(wav_dur),
+        "data_list": str(data_list),
+    }

@@ -1,0 +1,182 @@
+"""In-process eSpeak NG (the `espeakng-loader` wheel) driven through ctypes, crash-isolated.
+
+libespeak-ng keeps global state between utterances (wave-generator phase, echo buffer, ...), so the
+same text, voice and random seed give different samples depending on what was spoken before, and a
+few voice variants segfault on some texts. Both are handled by synthesising in a forked child of a
+process whose engine has only been initialised: every batch starts from that same pristine state
+(output depends only on the batch, never on which worker ran it or what it ran before), and a
+segfault kills only the child. `synthesize_batch` then retries the crashed utterance alone with a
+plain voice, and skips it (None) if that crashes too; the rest of the batch goes on in a new child.
+"""
+
+import ctypes
+import os
+import signal
+import struct
+from pathlib import Path
+
+from kws.errors import KwsError
+
+ESPEAK_RATE = 22050
+# Variants measured to segfault libespeak-ng 1.52 on some texts with a high pitch range.
+EXCLUDED_VARIANTS = frozenset({"Annie", "Demonic", "Henrique", "Hugo", "grandma", "rob", "robert", "shelby"})
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_PARAM = {"rate": 1, "volume": 2, "pitch": 3, "range": 4}
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+
+def _paths():
+    try:
+        import espeakng_loader
+    except ImportError:
+        raise KwsError("espeakng-loader is not installed (pip install espeakng-loader==0.2.4)") from None
+    return espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
+
+
+def list_variants():
+    """Voice variant names shipped with espeak-ng-data, sorted, without the crash-prone ones."""
+    _, data = _paths()
+    names = sorted(p.name for p in (Path(data) / "voices" / "!v").iterdir() if p.is_file())
+    return [name for name in names if name not in EXCLUDED_VARIANTS and " " not in name]
+
+
+class Engine:
+    """One initialised libespeak-ng (per process). `speak(request)` returns int16 PCM bytes at 22.05 kHz."""
+
+    def __init__(self):
+        lib_path, data_path = _paths()
+        lib = ctypes.CDLL(lib_path)
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetVoiceByName.restype = ctypes.c_int
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+        lib.espeak_ng_SetRandSeed.restype = None
+        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_Synth.restype = ctypes.c_int
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
+        if rate != ESPEAK_RATE:
+            raise KwsError(f"{lib_path}: eSpeak NG initialisation failed (returned {rate})")
+        self._lib = lib
+        self._chunks = []
+        self._callback = _CALLBACK(self._collect)  # keep a reference: the library holds the pointer
+        lib.espeak_SetSynthCallback(self._callback)
+
+    def _collect(self, wav, count, _events):
+        if count > 0 and wav:
+            self._chunks.append(ctypes.string_at(wav, 2 * count))
+        return 0
+
+    def speak(self, request):
+        """request: dict with text, voice (e.g. `cmn+f3`), rate, pitch, range, volume, seed."""
+        lib = self._lib
+        self._chunks = []
+        if lib.espeak_SetVoiceByName(request["voice"].encode()) != 0:
+            raise KwsError(f"eSpeak NG has no voice {request['voice']!r}")
+        for name, code in _PARAM.items():
+            if name in request:
+                lib.espeak_SetParameter(code, int(request[name]), 0)
+        lib.espeak_ng_SetRandSeed(int(request.get("seed", 1)))
+        text = request["text"].encode("utf-8")
+        status = lib.espeak_Synth(text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+        if status != 0:
+            raise KwsError(f"eSpeak NG could not synthesise {request['text']!r} (status {status})")
+        return b"".join(self._chunks)
+
+
+_ENGINE = None
+
+
+def engine():
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = Engine()
+    return _ENGINE
+
+
+def fallback(request):
+    """The retry for a request that crashed: same text and seed, base voice, default prosody."""
+    plain = {key: value for key, value in request.items() if key not in ("rate", "pitch", "range")}
+    plain["voice"] = request["voice"].split("+")[0]
+    plain["fallback"] = True
+    return plain
+
+
+def _child(eng, requests, write_fd):
+    """Runs in the forked child: speak each request, stream `<status><len><pcm>` records, _exit."""
+    code = 0
+    try:
+        for request in requests:
+            crash = request.get("_crash")  # fault injection for tests: "once" or "always"
+            if crash == "always" or (crash == "once" and not request.get("fallback")):
+                os.kill(os.getpid(), signal.SIGSEGV)
+            try:
+                pcm, ok = eng.speak(request), 1
+            except KwsError as err:
+                pcm, ok = str(err).encode()[:2000], 0
+            view = memoryview(struct.pack("<BI", ok, len(pcm)) + pcm)
+            while view:
+                view = view[os.write(write_fd, view):]
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        code = 3
+    os._exit(code)
+
+
+def _run_forked(requests):
+    """Speak requests in one forked child. Returns (results, error): results for the completed prefix."""
+    eng = engine()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(eng, requests, write_fd)
+    os.close(write_fd)
+    data = bytearray()
+    with os.fdopen(read_fd, "rb") as pipe:
+        while True:
+            block = pipe.read(1 << 20)
+            if not block:
+                break
+            data += block
+    _, status = os.waitpid(pid, 0)
+    results, offset = [], 0
+    while offset + 5 <= len(data):
+        ok, size = struct.unpack_from("<BI", data, offset)
+        if offset + 5 + size > len(data):
+            break
+        payload = bytes(data[offset + 5:offset + 5 + size])
+        if not ok:
+            raise KwsError(payload.decode(errors="replace"))
+        results.append(payload)
+        offset += 5 + size
+    exit_code = os.waitstatus_to_exitcode(status)
+    if len(results) == len(requests) and exit_code == 0:
+        return results, None
+    return results, f"exit status {exit_code}"
+
+
+def synthesize_batch(requests, log=None):
+    """Speak a list of requests; returns one int16-PCM `bytes` (22.05 kHz) or None (skipped) each.
+
+    Deterministic: the same batch always gives the same bytes, crashes included.
+    """
+    out = []
+    rest = list(requests)
+    while rest:
+        results, error = _run_forked(rest)
+        out.extend(results)
+        rest = rest[len(results):]
+        if error is None:
+            break
+        crashed = rest.pop(0)
+        retry, retry_error = _run_forked([fallback(crashed)])
+        if log:
+            log(f"eSpeak NG crashed ({error}) on {crashed['text']!r} with {crashed['voice']}; "
+                + ("skipped" if retry_error else f"retried with {crashed['voice'].split('+')[0]}"))
+        out.append(None if retry_error else retry[0])
+    return out

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""DET statistics per keyword (WeKws semantics) and a metrics summary (JSON, TSV, Markdown)."""
+
+import argparse
+
+from kws.det import DEFAULT_FA_TARGETS, compute_det
+from kws.errors import cli
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--score", required=True, help="score.txt (key KEYWORD p_1 ... p_T)")
+    parser.add_argument("--test-data", required=True, help="test data.list (labels and durations)")
+    parser.add_argument("--dict", required=True, help="dict/words.txt")
+    parser.add_argument("--step", type=float, default=0.01, help="threshold step (thresholds 0 .. <1)")
+    parser.add_argument("--window-shift", type=int, default=50,
+                        help="frames skipped after a false alarm before the next can count")
+    parser.add_argument("--fa-targets", type=float, nargs="+", default=list(DEFAULT_FA_TARGETS),
+                        help="false alarms per hour at which to report FRR")
+    parser.add_argument("--experiment", default=None, help="experiment name recorded in the metrics")
+    parser.add_argument("--out-dir", required=True, help="folder for stats.<kw>.txt and metrics.*")
+    return parser.parse_args(argv)
+
+
+@cli
+def main(argv=None):
+    args = parse_args(argv)
+    metrics = compute_det(args.score, args.test_data, args.dict, args.out_dir, step=args.step,
+                          window_shift=args.window_shift, fa_targets=args.fa_targets, experiment=args.experiment)
+    for kw in metrics["keywords"]:
+        parts = []
+        for point in kw["operating_points"]:
+            frr = "n/a" if point["frr"] is None else f"{point['frr']:.4f}"
+            parts.append(f"FRR@{point['fa_per_hour_target']:g}FA/h={frr}")
+        print(f"{kw['token']}: {kw['num_positives']} positives, {kw['filler_hours']:.3f} filler h; " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Helpers for the training tests: a tiny corpus of generated wavs in the DESIGN.md layout and a tiny config."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from kws.audio import write_wav
+
+TINY_CONFIG = {
+    "dataset_conf": {
+        "filter_conf": {"max_length": 2048, "min_length": 0},
+        "fbank_conf": {"num_mel_bins": 16, "frame_shift": 10, "frame_length": 25, "dither": 1.0},
+        "spec_aug": True,
+        "spec_aug_conf": {"num_t_mask": 1, "num_f_mask": 1, "max_t": 5, "max_f": 3},
+        "shuffle": True,
+        "shuffle_conf": {"shuffle_size": 8},
+        "batch_conf": {"batch_size": 4},
+    },
+    "model": {
+        "hidden_dim": 12,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "tcn", "ds": True, "num_layers": 2, "kernel_size": 3, "dropout": 0.1},
+        "classifier": {"type": "linear", "dropout": 0.1},
+    },
+    "optim": "adam",
+    "optim_conf": {"lr": 0.01, "weight_decay": 0.0001},
+    "training_config": {"grad_clip": 5, "max_epoch": 2, "log_interval": 2, "criterion": "max_pooling"},
+}
+
+
+def make_split(folder, num, seed, start=0):
+    """`num` short utterances: keyword 0 = 440 Hz tone, keyword 1 = 880 Hz tone, filler = noise."""
+    rng = np.random.default_rng(seed)
+    folder = Path(folder)
+    (folder / "wav").mkdir(parents=True, exist_ok=True)
+    items = []
+    for i in range(num):
+        label = (i % 3) - 1  # -1, 0, 1
+        seconds = float(rng.uniform(0.3, 0.7))
+        n = int(16000 * seconds)
+        t = np.arange(n) / 16000.0
+        noise = 0.05 * rng.standard_normal(n)
+        if label >= 0:
+            samples = 0.3 * np.sin(2 * np.pi * (440.0 * (label + 1)) * t) + noise
+        else:
+            samples = noise
+        key = f"utt{start + i:04d}"
+        path = folder / "wav" / f"{key}.wav"
+        write_wav(path, samples.astype(np.float32))
+        items.append({"key": key, "txt": label, "duration": round(n / 16000.0, 4), "wav": str(path)})
+    with open(folder / "data.list", "w", encoding="utf-8") as out:
+        for item in items:
+            out.write(json.dumps(item) + "\n")
+    return folder / "data.list", items
+
+
+def make_corpus(root, num_train=14, num_dev=6, seed=0):
+    """<root>/{train,dev}/data.list, <root>/dict/words.txt, <root>/train/global_cmvn (identity-ish stats)."""
+    root = Path(root)
+    train_list, _ = make_split(root / "train", num_train, seed)
+    dev_list, _ = make_split(root / "dev", num_dev, seed + 1, start=1000)
+    (root / "dict").mkdir(parents=True, exist_ok=True)
+    (root / "dict" / "words.txt").write_text("<FILLER> -1\n<HI_XIAOWEN> 0\n<NIHAO_WENWEN> 1\n")
+    dim = TINY_CONFIG["dataset_conf"]["fbank_conf"]["num_mel_bins"]
+    cmvn = {"mean_stat": [10.0 * 100] * dim, "var_stat": [(100.0 + 4.0) * 100] * dim, "frame_num": 100}
+    (root / "train" / "global_cmvn").write_text(json.dumps(cmvn))
+    return {"train": train_list, "dev": dev_list, "cmvn": root / "train" / "global_cmvn"}
+
+
+def write_config(path, overrides=None):
+    import copy
+
+    from kws.config import apply_overrides
+
+    conf = apply_overrides(copy.deepcopy(TINY_CONFIG), overrides or {})
+    Path(path).write_text(yaml.safe_dump(conf, sort_keys=False))
+    return Path(path)
+
+
+def train_argv(corpus, config, model_dir, *extra):
+    return ["--config", str(config), "--train_data", str(corpus["train"]), "--cv_data", str(corpus["dev"]),
+            "--model_dir", str(model_dir), "--num_keywords", "2", "--min_duration", "5", "--seed", "666",
+            "--cmvn_file", str(corpus["cmvn"]), "--norm_var", *map(str, extra)]

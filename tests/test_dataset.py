@@ -1,0 +1,117 @@
+"""The training data pipeline: sharding by rank and worker, determinism, epochs, filters, batches."""
+
+import collections
+
+import pytest
+import torch
+
+from helpers_train import TINY_CONFIG, make_split
+from kws.dataset import KwsDataset, cv_dataset_conf, make_loader, shard_order, spec_augment
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def train_list(tmp_path_factory):
+    data_list, items = make_split(tmp_path_factory.mktemp("corpus") / "train", 11, seed=3)
+    return data_list, items
+
+
+def conf(**changes):
+    result = dict(TINY_CONFIG["dataset_conf"])
+    result.update(changes)
+    return result
+
+
+def epoch_batches(data_list, dataset_conf, world_size, num_workers, epoch=0, seed=666):
+    """{rank: [batch, ...]} as the DataLoader of each rank delivers them."""
+    result = {}
+    for rank in range(world_size):
+        dataset = KwsDataset(data_list, dataset_conf, seed=seed, rank=rank, world_size=world_size)
+        dataset.set_epoch(epoch)
+        result[rank] = list(make_loader(dataset, num_workers=num_workers))
+    return result
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_shard_order_covers_every_item_once(world_size, num_workers):
+    for num_items in (0, 1, 7, 11, 12):
+        for epoch in (0, 1):
+            seen = []
+            for rank in range(world_size):
+                for worker in range(max(num_workers, 1)):
+                    seen += shard_order(num_items, 666, epoch, True, rank, world_size, worker, max(num_workers, 1))
+            assert sorted(seen) == list(range(num_items))
+            sizes = [len(shard_order(num_items, 666, epoch, True, r, world_size)) for r in range(world_size)]
+            assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world_size, num_workers):
+    data_list, items = train_list
+    batches = epoch_batches(data_list, conf(), world_size, num_workers, epoch=1)
+    keys = collections.Counter(key for rank in batches.values() for batch in rank for key in batch[0])
+    assert keys == collections.Counter(item["key"] for item in items)
+    for rank_batches in batches.values():
+        for keys_, feats, lengths, targets in rank_batches:
+            assert feats.dtype == torch.float32 and feats.dim() == 3 and feats.shape[2] == 16
+            assert feats.shape[0] == len(keys_) == lengths.numel() == targets.numel() <= 4
+            assert int(lengths.max()) == feats.shape[1]
+            for row, length in enumerate(lengths.tolist()):  # padding is zeros
+                assert torch.all(feats[row, length:] == 0)
+
+
+def test_deterministic_and_epoch_dependent(train_list):
+    data_list, _ = train_list
+    first = epoch_batches(data_list, conf(), 2, 2, epoch=0)
+    again = epoch_batches(data_list, conf(), 2, 2, epoch=0)
+    later = epoch_batches(data_list, conf(), 2, 2, epoch=1)
+
+    def flat(result):
+        return [(tuple(b[0]), b[1]) for rank in sorted(result) for b in result[rank]]
+
+    for (keys_a, feats_a), (keys_b, feats_b) in zip(flat(first), flat(again), strict=True):
+        assert keys_a == keys_b and torch.equal(feats_a, feats_b)
+    assert [k for k, _ in flat(first)] != [k for k, _ in flat(later)]
+    other_seed = epoch_batches(data_list, conf(), 2, 2, epoch=0, seed=1)
+    assert [k for k, _ in flat(first)] != [k for k, _ in flat(other_seed)]
+
+
+def test_cv_conf_is_plain_and_in_file_order(train_list):
+    data_list, items = train_list
+    cv = cv_dataset_conf(conf())
+    assert cv["spec_aug"] is False and cv["shuffle"] is False and cv["fbank_conf"]["dither"] == 0.0
+    batches = epoch_batches(data_list, cv, 1, 0)
+    assert [k for b in batches[0] for k in b[0]] == [item["key"] for item in items]
+    again = epoch_batches(data_list, cv, 1, 0, epoch=5)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(batches[0], again[0], strict=True))
+
+
+def test_length_filter_drops_long_and_short(train_list):
+    data_list, items = train_list
+    cv = cv_dataset_conf(conf(filter_conf={"min_length": 40, "max_length": 55}))
+    batches = epoch_batches(data_list, cv, 1, 0)
+    lengths = [n for b in batches[0] for n in b[2].tolist()]
+    assert lengths and all(40 <= n <= 55 for n in lengths)
+    assert len(lengths) < len(items)
+
+
+def test_dynamic_batches_respect_frame_budget(train_list):
+    data_list, items = train_list
+    cv = cv_dataset_conf(conf(batch_conf={"batch_type": "dynamic", "max_frames_in_batch": 150}))
+    batches = epoch_batches(data_list, cv, 1, 0)
+    assert sum(len(b[0]) for b in batches[0]) == len(items)
+    assert all(b[1].shape[0] * b[1].shape[1] <= 150 or b[1].shape[0] == 1 for b in batches[0])
+
+
+def test_spec_augment_masks_bands():
+    import numpy as np
+
+    feats = torch.ones(50, 16)
+    out = spec_augment(feats, np.random.default_rng(0), num_t_mask=2, num_f_mask=1, max_t=5, max_f=3)
+    assert torch.all(feats == 1)  # input untouched
+    zero_rows = (out == 0).all(dim=1).sum().item()
+    zero_cols = (out == 0).all(dim=0).sum().item()
+    assert 1 <= zero_rows <= 10 and 1 <= zero_cols <= 3

@@ -1,0 +1,179 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kws.det import (compare_metrics, compute_det, count_false_alarms, count_false_alarms_many,
+                     operating_point, read_stats, thresholds_for)
+from kws.errors import KwsError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def naive_false_alarms(scores, threshold, window_shift):
+    """WeKws compute_det.py's loop, verbatim in spirit."""
+    count, i = 0, 0
+    while i < len(scores):
+        if scores[i] >= threshold:
+            count += 1
+            i += window_shift
+        else:
+            i += 1
+    return count
+
+
+def test_thresholds():
+    t = thresholds_for(0.01)
+    assert len(t) == 100 and t[0] == 0.0 and t[-1] == 0.99 and t[7] == 0.07
+    assert list(thresholds_for(0.3)) == [0.0, 0.3, 0.6, 0.9]
+    with pytest.raises(KwsError):
+        thresholds_for(0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_count_matches_loop(seed):
+    rng = np.random.default_rng(seed)
+    thr = thresholds_for(0.01)
+    for _ in range(40):
+        window = int(rng.integers(1, 40))
+        utts = [np.round(rng.random(int(rng.integers(1, 300))) ** rng.uniform(0.2, 5), 2)
+                for _ in range(int(rng.integers(1, 6)))]
+        expected = np.array([sum(naive_false_alarms(u, t, window) for u in utts) for t in thr])
+        assert np.array_equal(count_false_alarms_many(utts, thr, window, chunk_frames=int(rng.integers(1, 500))),
+                              expected)
+        assert np.array_equal(count_false_alarms(utts[0], thr, window),
+                              [naive_false_alarms(utts[0], t, window) for t in thr])
+
+
+def test_long_stream_crosses_chunks():
+    rng = np.random.default_rng(1)
+    scores = np.round(rng.random(50_000) ** 4, 3)
+    thr = thresholds_for(0.05)
+    got = count_false_alarms(scores, thr, 50)
+    assert np.array_equal(got, [naive_false_alarms(scores, t, 50) for t in thr])
+    assert np.all(np.diff(got) <= 0)  # the greedy count never grows with the threshold
+
+
+def _write_case(tmp_path):
+    (tmp_path / "words.txt").write_text("<FILLER> -1\n<HI_THERE> 0\n<YO> 1\n")
+    items = [("p1", 0, 900.0), ("p2", 0, 900.0), ("f1", -1, 900.0), ("f2", 1, 1800.0)]
+    with open(tmp_path / "data.list", "w") as out:
+        for key, txt, dur in items:
+            out.write(json.dumps({"key": key, "txt": txt, "duration": dur, "wav": f"{key}.wav"}) + "\n")
+    hi = {
+        "p1": [0.1, 0.7, 0.2],
+        "p2": [0.3, 0.4],
+        "f1": [0.6, 0.6, 0.6, 0.6, 0.2, 0.6],  # window 3: fires at frames 0 and 3 only (5 frames >= 0.5)
+        "f2": [0.0, 0.9],
+    }
+    lines = []
+    for key, values in hi.items():
+        lines.append(f"{key} <HI_THERE> " + " ".join(f"{v:.6f}" for v in values))
+        # <YO> never fires: all zeros; written with its integer id to exercise that form.
+        lines.append(f"{key} 1 " + " ".join("0.000000" for _ in values))
+    (tmp_path / "score.txt").write_text("\n".join(lines) + "\n")
+
+
+def _row(stats, threshold):
+    i = int(np.argmin(np.abs(stats["threshold"] - threshold)))
+    return stats["fa_per_hour"][i], stats["frr"][i]
+
+
+def test_hand_computed_case(tmp_path):
+    _write_case(tmp_path)
+    out = tmp_path / "det"
+    metrics = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", out,
+                          step=0.01, window_shift=3, fa_targets=[0.5, 1, 2, 5], experiment="toy")
+    hi = read_stats(out / "stats.hi_there.txt")
+    assert len(hi["threshold"]) == 100
+    # <HI_THERE>: fillers f1 + f2 = 0.75 h.
+    assert _row(hi, 0.0) == pytest.approx((4.0, 0.0))       # f1: 2, f2: 1 -> 3 / 0.75
+    assert _row(hi, 0.4) == pytest.approx((4.0, 0.0))
+    assert _row(hi, 0.5) == pytest.approx((4.0, 0.5))       # p2 (max 0.4) rejected
+    assert _row(hi, 0.61) == pytest.approx((1.333333, 0.5))  # only f2's 0.9
+    assert _row(hi, 0.7) == pytest.approx((1.333333, 0.5))   # 0.7 >= 0.7: p1 accepted
+    assert _row(hi, 0.71) == pytest.approx((1.333333, 1.0))
+    assert _row(hi, 0.91) == pytest.approx((1.333e-6, 1.0), abs=1e-6)
+    # stats line format: WeKws's 6 decimals.
+    first = (out / "stats.hi_there.txt").read_text().splitlines()[0]
+    assert first == "0.000000 4.000000 0.000000"
+
+    yo = read_stats(out / "stats.yo.txt")
+    # <YO> never fires: at t=0 every frame is >= 0 (p1: 1, p2: 1, f1: 2 with window 3) over 0.75 h.
+    assert _row(yo, 0.0) == pytest.approx((4 / 0.75, 0.0))
+    assert np.all(yo["frr"][1:] == 1.0)
+    assert np.all(yo["fa_per_hour"][1:] < 1e-5)
+
+    kw = {k["token"]: k for k in metrics["keywords"]}
+    hi_m = kw["<HI_THERE>"]
+    assert hi_m["num_positives"] == 2 and hi_m["filler_hours"] == pytest.approx(0.75)
+    points = {p["fa_per_hour_target"]: p for p in hi_m["operating_points"]}
+    assert points[0.5]["frr"] == 1.0 and points[0.5]["threshold"] == 0.99 and points[0.5]["zero_fa_only"]
+    assert points[1.0]["zero_fa_only"] and not points[2.0]["zero_fa_only"]
+    assert points[2.0]["frr"] == 0.5 and points[2.0]["threshold"] == pytest.approx(0.70)
+    assert points[5.0]["frr"] == 0.0 and points[5.0]["threshold"] == pytest.approx(0.40)
+    assert kw["<YO>"]["num_positives"] == 1
+
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk["keywords"][0]["operating_points"][2]["threshold"] == pytest.approx(0.70)
+    tsv = (out / "metrics.tsv").read_text().splitlines()
+    assert tsv[0].split("\t")[:4] == ["experiment", "keyword", "fa_per_hour_target", "frr"]
+    assert len(tsv) == 1 + 2 * 4
+    md = (out / "metrics.md").read_text()
+    assert "| <HI_THERE> | 2 | 0.750 |" in md and "50.00% (t=0.70)" in md
+
+
+def test_operating_point_unreachable():
+    curve = {"threshold": np.array([0.0, 0.5]), "fa_per_hour": np.array([9.0, 3.0]), "frr": np.array([0.0, 0.1])}
+    assert operating_point(curve, 1.0) is None
+    assert operating_point(curve, 3.0) == {"threshold": 0.5, "frr": 0.1, "fa_per_hour": 3.0}
+
+
+def test_keyword_without_positives_is_an_error(tmp_path):
+    _write_case(tmp_path)
+    lines = (tmp_path / "data.list").read_text().replace('"txt": 1', '"txt": -1')
+    (tmp_path / "data.list").write_text(lines)
+    with pytest.raises(KwsError, match="<YO> has no positive"):
+        compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "o")
+
+
+def test_missing_scores_is_an_error(tmp_path):
+    _write_case(tmp_path)
+    text = "\n".join(l for l in (tmp_path / "score.txt").read_text().splitlines() if not l.startswith("f2 "))
+    (tmp_path / "score.txt").write_text(text + "\n")
+    with pytest.raises(KwsError, match="first: f2"):
+        compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "o")
+
+
+def test_compare_metrics(tmp_path):
+    _write_case(tmp_path)
+    a = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "a",
+                    window_shift=3)
+    b = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "b",
+                    window_shift=3, fa_targets=[1, 5])
+    md, tsv = compare_metrics([("exp_a", tmp_path / "a" / "metrics.json"), ("exp_b", b)])
+    assert "| <HI_THERE> | exp_a |" in md and "| <YO> | exp_b |" in md
+    assert "FRR @ 5 FA/h" in md and " - |" in md  # exp_a was not evaluated at 5 FA/h
+    assert len(tsv.strip().splitlines()) == 1 + 2 * 3 + 2 * 2
+    assert a["keywords"][0]["token"] == "<HI_THERE>"
+
+
+def test_cli(tmp_path):
+    _write_case(tmp_path)
+    run = [sys.executable, str(ROOT / "scripts" / "compute_det.py"), "--score", str(tmp_path / "score.txt"),
+           "--test-data", str(tmp_path / "data.list"), "--dict", str(tmp_path / "words.txt"),
+           "--window-shift", "3", "--out-dir", str(tmp_path / "cli"), "--fa-targets", "1", "2"]
+    proc = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "cli" / "metrics.md").exists() and (tmp_path / "cli" / "stats.yo.txt").exists()
+    compare = [sys.executable, str(ROOT / "scripts" / "compare_experiments.py"), "--metrics",
+               str(tmp_path / "cli" / "metrics.json"), str(tmp_path / "cli" / "metrics.json"),
+               "--names", "x", "y", "--out-md", str(tmp_path / "cmp.md"), "--out-tsv", str(tmp_path / "cmp.tsv")]
+    proc = subprocess.run(compare, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "| <YO> | y |" in (tmp_path / "cmp.md").read_text()
+    proc = subprocess.run(run[:-3] + ["--fa-targets", "-1"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ")

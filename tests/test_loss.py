@@ -1,0 +1,175 @@
+"""kws.loss: the vectorised losses against a plain per-utterance loop (values and gradients)."""
+
+import math
+
+import pytest
+import torch
+
+from kws.errors import KwsError
+from kws.loss import criterion, cross_entropy_loss, max_pooling_loss
+
+torch.set_num_threads(1)
+
+
+def reference_max_pooling(logits, lengths, targets, min_duration=0):
+    """WeKws's max-pooling loss written as a loop over utterances and keywords, on probabilities."""
+    probs = torch.sigmoid(logits)
+    batch, _, num_keywords = logits.shape
+    loss = 0.0
+    correct = 0
+    for i in range(batch):
+        length = int(lengths[i])
+        target = int(targets[i])
+        start = min_duration if length > min_duration else 0
+        fired = []
+        for k in range(num_keywords):
+            if k == target:
+                p = probs[i, start:length, k].max()
+                loss = loss - torch.log(p)
+            else:
+                p = probs[i, :length, k].max()
+                loss = loss - torch.log((1 - probs[i, :length, k]).min())
+            fired.append(bool(p >= 0.5))
+        ok = all(f == (k == target) for k, f in enumerate(fired))
+        correct += int(ok)
+    return loss / batch, correct / batch
+
+
+def reference_cross_entropy(logits, lengths, targets, min_duration=0):
+    batch, _, num_keywords = logits.shape
+    loss = 0.0
+    correct = 0
+    for i in range(batch):
+        length = int(lengths[i])
+        target = int(targets[i])
+        start = min_duration if length > min_duration else 0
+        scores = []
+        for k in range(num_keywords):
+            frames = logits[i, start:length, k] if k == target else logits[i, :length, k]
+            scores.append(frames.max())
+        scores.append(torch.zeros((), dtype=logits.dtype))
+        scores = torch.stack(scores)
+        cls = num_keywords if target < 0 else target
+        loss = loss - torch.log_softmax(scores, dim=0)[cls]
+        correct += int(int(scores.argmax()) == cls)
+    return loss / batch, correct / batch
+
+
+def random_batch(batch, frames, num_keywords, seed, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(batch, frames, num_keywords, generator=g, dtype=torch.float64) * scale - 1.0)
+    lengths = torch.randint(1, frames + 1, (batch,), generator=g)
+    lengths[0] = frames
+    lengths[1] = 3          # short: at most min_duration for most cases below
+    targets = torch.randint(-1, num_keywords, (batch,), generator=g)
+    targets[0], targets[1] = 0, num_keywords - 1
+    targets[2] = -1
+    return logits, lengths, targets
+
+
+CASES = [(k, md, seed) for k in (2, 20) for md in (0, 5, 30) for seed in (0, 1)]
+
+
+@pytest.mark.parametrize("loss_fn, reference", [
+    (max_pooling_loss, reference_max_pooling),
+    (cross_entropy_loss, reference_cross_entropy),
+])
+@pytest.mark.parametrize("num_keywords, min_duration, seed", CASES)
+def test_matches_loop_reference(loss_fn, reference, num_keywords, min_duration, seed):
+    logits, lengths, targets = random_batch(12, 40, num_keywords, seed)
+    a = logits.clone().requires_grad_(True)
+    b = logits.clone().requires_grad_(True)
+    loss, acc = loss_fn(a, lengths, targets, min_duration=min_duration)
+    ref_loss, ref_acc = reference(b, lengths, targets, min_duration=min_duration)
+    loss.backward()
+    ref_loss.backward()
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-10, abs=1e-10)
+    assert acc == pytest.approx(ref_acc)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_float32_matches_float64():
+    logits, lengths, targets = random_batch(8, 30, 20, seed=5)
+    loss64, _ = max_pooling_loss(logits, lengths, targets, min_duration=4)
+    loss32, _ = max_pooling_loss(logits.float(), lengths, targets, min_duration=4)
+    assert loss32.dtype == torch.float32
+    assert loss32.item() == pytest.approx(loss64.item(), rel=1e-5)
+
+
+def test_padding_frames_are_ignored():
+    logits, lengths, targets = random_batch(6, 20, 2, seed=3)
+    lengths = torch.tensor([20, 3, 10, 15, 7, 1])
+    padded = logits.clone()
+    for i, n in enumerate(lengths.tolist()):
+        padded[i, n:] = 100.0            # huge logits in the padding must not count
+    for fn in (max_pooling_loss, cross_entropy_loss):
+        torch.testing.assert_close(fn(padded, lengths, targets, 5)[0], fn(logits, lengths, targets, 5)[0])
+
+
+def test_min_duration_window_and_short_utterances():
+    logits = torch.full((2, 10, 1), -5.0, dtype=torch.float64)
+    logits[:, 1, 0] = 5.0                 # the keyword fires early (frame 1) only
+    lengths = torch.tensor([10, 4])
+    targets = torch.tensor([0, 0])
+    # Utterance 0 (10 frames > 5): frame 1 is before min_duration -> miss; utterance 1 (4 <= 5): all frames.
+    loss, acc = max_pooling_loss(logits, lengths, targets, min_duration=5)
+    expected = (math.log1p(math.exp(5.0)) + math.log1p(math.exp(-5.0))) / 2
+    assert loss.item() == pytest.approx(expected)
+    assert acc == 0.5
+
+
+def test_extreme_logits_stay_finite():
+    logits = torch.tensor([[[200.0, -200.0], [-200.0, 200.0]],
+                           [[-300.0, -300.0], [-300.0, -300.0]]], requires_grad=True)
+    loss, acc = max_pooling_loss(logits, torch.tensor([2, 2]), torch.tensor([0, -1]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    # Utterance 0: keyword 0 right (-log sigmoid(200) ~ 0) but keyword 1 fires too (~200 nats).
+    assert loss.item() == pytest.approx(100.0, rel=1e-6)
+    assert acc == 0.5
+    loss, _ = cross_entropy_loss(logits, torch.tensor([2, 2]), torch.tensor([0, -1]))
+    assert torch.isfinite(loss)
+
+
+def test_perfect_predictions_have_near_zero_loss_and_full_accuracy():
+    logits = torch.full((3, 8, 2), -20.0)
+    logits[0, 6, 0] = 20.0
+    logits[1, 7, 1] = 20.0
+    loss, acc = max_pooling_loss(logits, torch.tensor([8, 8, 8]), torch.tensor([0, 1, -1]), min_duration=2)
+    assert loss.item() < 1e-6 and acc == 1.0
+    loss, acc = cross_entropy_loss(logits, torch.tensor([8, 8, 8]), torch.tensor([0, 1, -1]), min_duration=2)
+    assert loss.item() < 1e-6 and acc == 1.0
+
+
+def test_lengths_beyond_the_batch_are_clamped():
+    logits, _, targets = random_batch(4, 10, 2, seed=2)
+    a, _ = max_pooling_loss(logits, torch.tensor([50, 10, 10, 10]), targets)
+    b, _ = max_pooling_loss(logits, torch.tensor([10, 10, 10, 10]), targets)
+    torch.testing.assert_close(a, b)
+
+
+def test_out_of_range_target_is_a_user_error():
+    logits = torch.zeros(2, 5, 2)
+    with pytest.raises(KwsError, match="keyword id"):
+        max_pooling_loss(logits, torch.tensor([5, 5]), torch.tensor([0, 2]))
+    with pytest.raises(KwsError, match="keyword id"):
+        cross_entropy_loss(logits, torch.tensor([5, 5]), torch.tensor([-2, 0]))
+
+
+def test_criterion_lookup():
+    assert criterion("max_pooling") is max_pooling_loss
+    assert criterion("ce") is cross_entropy_loss
+    assert criterion("cross_entropy") is cross_entropy_loss
+    with pytest.raises(KwsError, match="training_config.criterion"):
+        criterion("ctc")
+
+
+def test_many_keywords_is_fast():
+    import time
+    logits = torch.randn(256, 200, 100, requires_grad=True)
+    lengths = torch.randint(50, 201, (256,))
+    targets = torch.randint(-1, 100, (256,))
+    start = time.perf_counter()
+    loss, _ = max_pooling_loss(logits, lengths, targets, min_duration=50)
+    loss.backward()
+    assert time.perf_counter() - start < 5.0
