@@ -180,19 +180,10 @@ def average_state_dicts(state_dicts, names=None):
 
 
 def load_payload(path):
-    """torch.load a training checkpoint on the CPU; a KwsError when it is missing or unreadable."""
-    import torch
+    """A training checkpoint on the CPU (`kws.checkpoint.load_payload`, weights_only)."""
+    from kws.checkpoint import load_payload as _load
 
-    path = Path(path)
-    if not path.is_file():
-        raise KwsError(f"{path}: checkpoint not found")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise KwsError(f"{path}: not a readable checkpoint ({type(err).__name__}: {err})") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
-        raise KwsError(f"{path}: not a kwsflow checkpoint (no 'model' state dict)")
-    return payload
+    return _load(path, map_location="cpu")
 
 
 def average_checkpoints(model_dir, num, mode="best", out=None):

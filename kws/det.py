@@ -20,8 +20,9 @@ largest set of threshold-crossing frames that are at least `window_shift` apart,
 alarm count never increases with the threshold.
 
 Operating points (`summarize`): for a target FA/h, among the thresholds whose FA/h <= target,
-take the lowest FRR; ties go to the lower FA/h, then to the higher threshold (fewer false alarms
-for the same FRR). When no threshold meets the target the operating point is null. One false
+take the lowest FRR, then the lowest FA/h; when several thresholds tie on both (common: a flat
+stretch with zero false alarms and no rejections) the middle of that tied run is the operating
+threshold — the one with the most margin before either error rate gets worse. When no threshold meets the target the operating point is null. One false
 alarm in the whole filler set is already 1 / filler_hours FA/h; a target below that can only be
 met with zero false alarms, and the metrics flag it (`zero_fa_only`).
 
@@ -31,6 +32,7 @@ set without filler audio (FA/h undefined).
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -58,8 +60,8 @@ def thresholds_for(step=0.01):
 def keyword_slug(token):
     """`<HI_XIAOWEN>` -> `hi_xiaowen` (the stats file name part)."""
     name = token.strip().strip("<>").lower()
-    name = re.sub(r"[^0-9a-z_.\-]+", "_", name).strip("_")
-    return name or "keyword"
+    # Same rule as the workflow's keywords(); only path separators and blanks are replaced.
+    return re.sub(r"[\s/\\]+", "_", name) or "keyword"
 
 
 def stats_name(token):
@@ -234,15 +236,26 @@ def read_stats(path):
 
 
 def operating_point(curve, target):
-    """The lowest-FRR threshold with FA/h <= target (ties: lower FA/h, then higher threshold)."""
+    """The operating point for a FA/h target, or None when no threshold meets it.
+
+    Among the thresholds with FA/h <= target: the lowest FRR, then the lowest FA/h; when several
+    thresholds tie on both, the middle one of the tied run (the lower middle for an even count),
+    which keeps the most room on both sides before either FRR or FA/h gets worse.
+    """
     t = np.asarray(curve["threshold"])
     fa = np.asarray(curve["fa_per_hour"])
     frr = np.asarray(curve["frr"])
-    ok = np.nonzero(fa <= target + 1e-12)[0]
+    ok = np.nonzero(fa <= target * (1 + 1e-9))[0]
     if ok.size == 0:
         return None
-    best = min(ok, key=lambda i: (frr[i], fa[i], -t[i]))
-    return {"threshold": float(t[best]), "frr": float(frr[best]), "fa_per_hour": float(fa[best])}
+    best_frr = frr[ok].min()
+    ok = ok[frr[ok] == best_frr]
+    ok = ok[fa[ok] == fa[ok].min()]
+    best = int(ok[(ok.size - 1) // 2])
+    point = {"threshold": float(t[best]), "frr": float(frr[best]), "fa_per_hour": float(fa[best])}
+    if "false_alarms" in curve:
+        point["false_alarms"] = int(curve["false_alarms"][best])
+    return point
 
 
 def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, fa_targets):
@@ -252,7 +265,7 @@ def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, 
     for target in fa_targets:
         point = operating_point(curve, target)
         entry = {"fa_per_hour_target": float(target)}
-        entry.update(point or {"threshold": None, "frr": None, "fa_per_hour": None})
+        entry.update(point or {"threshold": None, "frr": None, "fa_per_hour": None, "false_alarms": None})
         entry["zero_fa_only"] = bool(target < resolution)
         points.append(entry)
     t = np.asarray(curve["threshold"])
@@ -270,13 +283,16 @@ def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, 
             "threshold": float(t[half]),
             "frr": float(curve["frr"][half]),
             "fa_per_hour": float(curve["fa_per_hour"][half]),
+            "false_alarms": int(curve["false_alarms"][half]),
         },
     }
 
 
 def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, window_shift=50,
-                fa_targets=DEFAULT_FA_TARGETS, experiment=None):
-    """Write stats.<kw>.txt per keyword and metrics.{json,tsv,md} into `out_dir`; return the metrics."""
+                fa_targets=DEFAULT_FA_TARGETS, experiment=None, stats_dir=None):
+    """Write metrics.{json,tsv,md} into `out_dir` and stats.<kw>.txt per keyword into `stats_dir`
+    (default `<out_dir>/det`); return the metrics. `stats_file` in the metrics is relative to `out_dir`.
+    """
     from kws.fileio import atomic_open, ensure_dir
 
     if window_shift < 1:
@@ -292,6 +308,9 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     scores = read_scores(score_path, dictionary)
     thresholds = thresholds_for(step)
     out_dir = ensure_dir(out_dir)
+    stats_dir = ensure_dir(Path(stats_dir) if stats_dir is not None else out_dir / "det")
+    if experiment is None:
+        experiment = Path(out_dir).resolve().name
     keywords = []
     for index, token in enumerate(tokens):
         table = scores[token]
@@ -317,8 +336,10 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
             raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
         curve = det_curve(positives, [table[item["key"]] for item in fillers], filler_seconds,
                           thresholds, window_shift)
-        write_stats(out_dir / stats_name(token), curve)
-        keywords.append(summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets))
+        write_stats(stats_dir / stats_name(token), curve)
+        summary = summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets)
+        summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
+        keywords.append(summary)
     metrics = {
         "experiment": experiment,
         "score": str(score_path),
@@ -341,7 +362,7 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
 # --------------------------------------------------------------------------- tables
 
 TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "threshold", "fa_per_hour",
-               "zero_fa_only", "num_positives", "filler_hours")
+               "false_alarms", "zero_fa_only", "num_positives", "filler_hours")
 
 
 def _num(value, digits=6):
@@ -353,7 +374,9 @@ def _tsv_rows(metrics, experiment=None):
     for kw in metrics["keywords"]:
         for point in kw["operating_points"]:
             yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
-                   _num(point["threshold"], 2), _num(point["fa_per_hour"]), str(point["zero_fa_only"]).lower(),
+                   _num(point["threshold"], 2), _num(point["fa_per_hour"]),
+                   "" if point.get("false_alarms") is None else str(point["false_alarms"]),
+                   str(point["zero_fa_only"]).lower(),
                    str(kw["num_positives"]), f"{kw['filler_hours']:.4f}"]
 
 
@@ -387,11 +410,13 @@ def metrics_markdown(metrics, title=None):
         cells += [_cell(p) for p in kw["operating_points"]]
         flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
         half = kw["at_threshold_0.5"]
-        cells += [f"{100 * half['frr']:.2f}%", f"{half['fa_per_hour']:.3f}"]
+        fa_half = 0.0 if half.get("false_alarms") == 0 else half["fa_per_hour"]
+        cells += [f"{100 * half['frr']:.2f}%", f"{fa_half:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; "
-                 "t = operating threshold (lowest FRR with FA/h at or below the target; ties: higher t). "
+                 "t = operating threshold (lowest FRR with FA/h at or below the target, then lowest FA/h; "
+                 "ties: the middle of the tied thresholds). "
                  "n/a: no threshold meets the target.")
     if flagged:
         lines.append("")

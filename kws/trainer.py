@@ -181,6 +181,12 @@ class Dist:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.cpu().tolist()
 
+    def sync_buffers(self, model):
+        """Rank 0's buffers (BatchNorm statistics) everywhere, so CV uses the model rank 0 saves."""
+        if self.enabled:
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
+
     def barrier(self):
         if self.enabled:
             dist.barrier()
@@ -246,7 +252,7 @@ def train_one_epoch(run, epoch):
     model, optimizer, loader = run.model, run.optimizer, run.train_loader
     model.train()
     run.train_set.set_epoch(epoch)
-    loss_sum = acc_sum = utts = 0.0
+    loss_sum = acc_sum = utts = seen = 0.0
     norms = []
     skipped_before = run.guard.total
     batches = iter(loader)
@@ -266,7 +272,8 @@ def train_one_epoch(run, epoch):
             loss, acc = run.criterion(logits, lengths, targets, run.min_duration)
             scale = run.dist.world_size / active
             (loss * scale if scale != 1 else loss).backward()
-            loss_value = float(loss)
+            loss_value = loss.item()
+            seen += len(keys)
             if math.isfinite(loss_value):
                 loss_sum += loss_value * len(keys)
                 acc_sum += acc * len(keys)
@@ -285,11 +292,11 @@ def train_one_epoch(run, epoch):
                 run.writer.add_scalar("train/loss", loss_value, run.step)
                 run.writer.add_scalar("train/grad_norm", grad_norm, run.step)
                 run.writer.add_scalar("train/lr", lr, run.step)
-    loss_sum, acc_sum, utts = run.dist.sum([loss_sum, acc_sum, utts])
+    loss_sum, acc_sum, utts, seen = run.dist.sum([loss_sum, acc_sum, utts, seen])
     return {
         "train_loss": loss_sum / utts if utts else float("nan"),
         "train_acc": acc_sum / utts if utts else float("nan"),
-        "train_utts": int(utts),
+        "train_utts": int(seen),
         "batches": batch_index,
         "grad_norm": float(np.mean(norms)) if norms else float("nan"),
         "skipped_steps": run.guard.total - skipped_before,
@@ -299,6 +306,7 @@ def train_one_epoch(run, epoch):
 def evaluate(run):
     """CV loss and accuracy over the whole CV list (each rank its shard), all-reduced."""
     model = run.bare_model
+    run.dist.sync_buffers(model)
     model.eval()
     loss_sum = acc_sum = utts = 0.0
     with torch.no_grad():
@@ -415,9 +423,16 @@ class Run:
 
 
 def setup_logging(rank):
-    level = logging.INFO if rank == 0 else logging.WARNING
-    fmt = f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"
-    logging.basicConfig(level=level, format=fmt, stream=sys.stdout, force=True)
+    """Line logs on stdout: INFO from rank 0, warnings and errors from every rank."""
+    logger = logging.getLogger("kws")
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if not any(getattr(h, "_kws_train", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler._kws_train = True
+        logger.addHandler(handler)
+    for handler in logger.handlers:
+        if getattr(handler, "_kws_train", False):
+            handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"))
 
 
 def train(args):
@@ -587,7 +602,7 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
             ckpt.save_checkpoint(model_dir, payload, {
                 "cv_loss": cv_loss, "cv_acc": cv_acc, "train_loss": stats["train_loss"], "lr": lr,
                 "grad_norm": stats["grad_norm"], "skipped_steps": stats["skipped_steps"],
-                "seconds": round(seconds, 3),
+                "train_utterances": stats["train_utts"], "batches": stats["batches"], "seconds": round(seconds, 3),
             })
             history.append({key: _fmt(value) for key, value in row.items()})
             write_tsv(tsv_path, history)

@@ -24,7 +24,7 @@ def main(argv=None):
                         threads=args.threads)
     print(f"{summary['data_list']}: {summary['utterances']} utterances "
           f"({summary['keyword_utterances']} keyword, {summary['filler_utterances']} filler), "
-          f"{summary['hours']:.3f} h")
+          f"{summary['hours']:.4f} h ({summary['hours'] * 3600:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ def main(argv=None):
     parser.add_argument("--size", default="default", choices=list(SIZES), help="corpus size (default: default)")
     parser.add_argument("--seed", type=int, default=666, help="random seed (default: 666)")
     parser.add_argument("--threads", type=int, default=2, help="worker processes (default: 2)")
-    parser.add_argument("--no-augment", dest="augment", action="store_false",
-                        help="clean speech: no noise, reverberation, speed or level changes")
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                        help="noise, babble, reverberation, speed, level and silence (default: on)")
     args = parser.parse_args(argv)
     summary = synthesize_corpus(args.out_dir, size=args.size, seed=args.seed, threads=args.threads,
                                 augment=args.augment)

@@ -144,3 +144,27 @@ def test_cli_error_is_one_line(model_dir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert torch.load(out, weights_only=False)["averaged_epochs"] == [4, 5]
+
+
+def test_average_real_model_loads(tmp_path):
+    from helpers_train import TINY_CONFIG
+
+    from kws.checkpoint import load_model, save_checkpoint
+    from kws.model import build_model
+
+    states = []
+    for epoch in (1, 2, 3):
+        torch.manual_seed(epoch)
+        model = build_model(TINY_CONFIG["model"], 16, 2, None)
+        states.append(model.state_dict())
+        save_checkpoint(tmp_path, {"model": model.state_dict(), "epoch": epoch, "cv_loss": 1.0 / epoch,
+                                   "config": TINY_CONFIG, "num_keywords": 2, "input_dim": 16},
+                        {"cv_loss": 1.0 / epoch, "lr": 0.01})
+    out = tmp_path / "avg.pt"
+    average_checkpoints(tmp_path, 2, "best", out=out)
+    model, payload = load_model(out)
+    assert payload["epoch"] == "avg" and payload["averaged_epochs"] == [2, 3]
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            expected = ((states[1][key].double() + states[2][key].double()) / 2).to(value.dtype)
+            assert torch.equal(value, expected), key

@@ -149,7 +149,26 @@ def test_cli_errors(train_list, tmp_path):
     write_data_list(tmp_path / "bad.list", items)
     assert_cli_fails(run_cli("--data-list", tmp_path / "bad.list", "--out", out), out,
                      f"bad.list: utterance '{items[3]['key']}': {tmp_path / 'gone.wav'}: audio file not found")
-    assert_cli_fails(run_cli("--data-list", train_list, "--fbank-json", "{num", "--out", out), out,
-                     "--fbank-json: malformed JSON")
-    assert_cli_fails(run_cli("--data-list", train_list, "--model-config", tmp_path / "no.yaml", "--out", out), out,
-                     "no.yaml: config file not found")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fbank-json", "{num"], "--fbank-json: malformed JSON"),
+    (["--fbank-json", "[1]"], "--fbank-json: expected a JSON object"),
+    (["--model-config", "no.yaml"], "no.yaml: config file not found"),
+    (["--override", "a.b=1"], "--override: needs --model-config"),
+    (["--threads", "0"], "--threads: must be at least 1"),
+])
+def test_cli_argument_errors(train_list, tmp_path, capsys, monkeypatch, args, message):
+    """Same CLI, called in-process (no interpreter start-up per case)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import compute_cmvn as script
+    finally:
+        sys.path.pop(0)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        script.main(["--data-list", str(train_list), *args, "--out", "global_cmvn"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == [tmp_path / "data"]

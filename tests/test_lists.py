@@ -2,7 +2,6 @@
 
 import io
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +59,8 @@ def test_make_list(tiny_corpus):
 
 
 def test_make_list_cli_outputs(tiny_corpus, tmp_path):
-    result = run_make_list(tiny_corpus / "dev", tiny_corpus / "dict" / "words.txt",
-                           "--wav-dur", tmp_path / "o" / "dur", "--data-list", tmp_path / "o" / "list", "--threads", "3")
+    result = run_make_list(tiny_corpus / "dev", tiny_corpus / "dict" / "words.txt", "--threads", "3",
+                           "--wav-dur", tmp_path / "o" / "dur", "--data-list", tmp_path / "o" / "list")
     assert result.returncode == 0, result.stderr
     assert "3 utterances" in result.stdout
     assert len(read_data_list(tmp_path / "o" / "list")) == 3

@@ -115,8 +115,10 @@ def build_speech_commands(root, make_wav):
         for i, stem in enumerate(stems):
             make_wav(root / word / f"{stem}.wav", seconds=0.2, freq=200 + 100 * i)
     make_wav(root / "_background_noise_" / "white_noise.wav", seconds=0.5, kind="noise")
-    (root / "validation_list.txt").write_text("yes/bbbb2222_nohash_0.wav\nno/dddd4444_nohash_0.wav\nup/bbbb2222_nohash_0.wav\n")
-    (root / "testing_list.txt").write_text("yes/cccc3333_nohash_1.wav\nno/eeee5555_nohash_0.wav\nup/ffff6666_nohash_0.wav\n")
+    (root / "validation_list.txt").write_text(
+        "yes/bbbb2222_nohash_0.wav\nno/dddd4444_nohash_0.wav\nup/bbbb2222_nohash_0.wav\n")
+    (root / "testing_list.txt").write_text(
+        "yes/cccc3333_nohash_1.wav\nno/eeee5555_nohash_0.wav\nup/ffff6666_nohash_0.wav\n")
     (root / "LICENSE").write_text("cc-by-4.0\n")
     return root
 
@@ -142,7 +144,8 @@ def test_speech_commands_keywords(tmp_path, make_wav):
     prepare_corpus("speech_commands", root, tmp_path / "a", ["up"])
     assert read_dictionary(tmp_path / "a" / "dict" / "words.txt") == {"<FILLER>": -1, "<UP>": 0}
     prepare_corpus("speech_commands", root, tmp_path / "b", ["all"])
-    assert read_dictionary(tmp_path / "b" / "dict" / "words.txt") == {"<FILLER>": -1, "<NO>": 0, "<UP>": 1, "<YES>": 2}
+    assert read_dictionary(tmp_path / "b" / "dict" / "words.txt") == {
+        "<FILLER>": -1, "<NO>": 0, "<UP>": 1, "<YES>": 2}
     with pytest.raises(KwsError, match=r"keyword 'marvin' has no folder"):
         prepare_corpus("speech_commands", root, tmp_path / "c", ["yes", "marvin"])
     assert outputs(tmp_path / "c") == []

@@ -7,7 +7,6 @@ depend on --threads or on scheduling. Splits are speaker-disjoint by eSpeak voic
 """
 
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -375,9 +374,6 @@ def render_chunk(chunk, tmp_root, augment, log=None):
 
 
 def _worker_main(conn, tmp_root, augment):
-    def log(message):
-        print(f"warning: {message}", file=sys.stderr, flush=True)
-
     from kws.synth.espeak import engine
 
     engine()  # initialise once; every chunk forks from this state
@@ -388,7 +384,9 @@ def _worker_main(conn, tmp_root, augment):
         chunk, attempt = job
         if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests
             os._exit(9)
-        conn.send((chunk["id"], render_chunk(chunk, tmp_root, augment, log)))
+        warnings = []
+        records = render_chunk(chunk, tmp_root, augment, lambda message: warnings.append(f"warning: {message}"))
+        conn.send((chunk["id"], records, warnings))
     conn.close()
 
 
@@ -432,10 +430,12 @@ class _Pool:
                 for worker in busy:
                     if worker["conn"] in ready:
                         try:
-                            chunk_id, records = worker["conn"].recv()
+                            chunk_id, records, warnings = worker["conn"].recv()
                         except (EOFError, OSError):
                             self._died(worker, pending, results)
                             continue
+                        for message in warnings:
+                            self.log(message)
                         results[chunk_id] = records
                         worker["job"] = None
                     elif worker["proc"].sentinel in ready:

@@ -10,6 +10,7 @@ plain voice, and skips it (None) if that crashes too; the rest of the batch goes
 """
 
 import ctypes
+import faulthandler
 import os
 import signal
 import struct
@@ -111,6 +112,7 @@ def _child(eng, requests, write_fd):
     """Runs in the forked child: speak each request, stream `<status><len><pcm>` records, _exit."""
     code = 0
     try:
+        faulthandler.disable()  # a crash here is expected and handled by the parent: no tracebacks
         for request in requests:
             crash = request.get("_crash")  # fault injection for tests: "once" or "always"
             if crash == "always" or (crash == "once" and not request.get("fallback")):

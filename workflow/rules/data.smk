@@ -72,5 +72,7 @@ rule make_list:
     conda:
         "../../environment.yml"
     threads: 2
+    params:
+        data_dir=lambda wildcards, input: Path(input.wav_scp).parent,
     shell:
         "python {input.script} --data-dir {params.data_dir} --dict {input.words} > {log} 2>&1"

@@ -1,0 +1,128 @@
+"""Scoring: per-frame keyword posteriors of every test utterance, written as WeKws's score.txt.
+
+`score.txt` has one line per utterance and keyword, in data.list order and keyword-id order:
+`key KEYWORD_TOKEN p_1 ... p_T` — sigmoid posteriors of the T valid frames, 6 decimals.
+
+Features are `kws.features.compute_fbank` with dither 0 and the checkpoint's fbank settings. Utterances
+are batched in data.list order, zero-padded at the end; every backbone is causal (and BatchNorm is
+per frame in eval mode), so padding never changes a valid frame and results do not depend on the
+batch size beyond float rounding. A batch holds at most `batch_size` utterances and
+`max_batch_frames` padded frames; a single utterance longer than `max_batch_frames` is run in chunks
+carrying the model's streaming cache (equal to the full forward within 1e-5), so memory stays bounded
+for hour-long negative streams.
+"""
+
+import logging
+
+import numpy as np
+import torch
+
+from kws.audio import read_wav
+from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
+from kws.errors import KwsError
+from kws.features import compute_fbank
+
+log = logging.getLogger("kws.score")
+
+DEFAULT_MAX_BATCH_FRAMES = 200_000
+
+
+def resolve_device(name):
+    """`auto` -> cuda when available else cpu; `cuda` without a GPU is an error."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if str(name).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise KwsError(f"--device {name}: no CUDA GPU is available (use --device cpu or auto)")
+        return torch.device(name)
+    raise KwsError(f"--device must be auto, cpu or cuda, got {name!r}")
+
+
+def utterance_features(item, fbank_conf):
+    """fbank [T, D] of one data.list item, dither 0."""
+    samples = read_wav(item["wav"])
+    feats = compute_fbank(samples, fbank_conf, dither=0.0)
+    if feats.shape[0] == 0:
+        raise KwsError(f"{item['wav']}: too short for one feature frame ({item['key']})")
+    return feats
+
+
+def _batches(items, batch_size, max_batch_frames, fbank_conf):
+    """Yield lists of (item, feats) in order, within the utterance and padded-frame limits."""
+    batch, longest = [], 0
+    for item in items:
+        feats = utterance_features(item, fbank_conf)
+        frames = feats.shape[0]
+        if batch and (len(batch) >= batch_size or max(longest, frames) * (len(batch) + 1) > max_batch_frames):
+            yield batch
+            batch, longest = [], 0
+        batch.append((item, feats))
+        longest = max(longest, frames)
+    if batch:
+        yield batch
+
+
+@torch.no_grad()
+def posteriors(model, feats, device, max_frames=DEFAULT_MAX_BATCH_FRAMES):
+    """Sigmoid posteriors [B, T, K] of padded features [B, T, D]; long inputs run in cached chunks."""
+    feats = feats.to(device)
+    batch, frames = feats.shape[0], feats.shape[1]
+    chunk = max(1, max_frames // max(batch, 1))
+    if frames <= chunk:
+        logits, _ = model(feats)
+        return torch.sigmoid(logits).float().cpu()
+    outputs, cache = [], None
+    for start in range(0, frames, chunk):
+        logits, cache = model(feats[:, start:start + chunk], cache)
+        outputs.append(torch.sigmoid(logits).float().cpu())
+    return torch.cat(outputs, dim=1)
+
+
+def format_line(key, token, values):
+    """`key TOKEN p_1 ... p_T` with 6 decimals."""
+    values = np.asarray(values, dtype=np.float64)
+    return f"{key} {token} " + ("%.6f " * values.size % tuple(values.tolist())).rstrip() + "\n"
+
+
+def score(checkpoint, test_data, dict_path, out, batch_size=64, device="auto", threads=None,
+          max_batch_frames=DEFAULT_MAX_BATCH_FRAMES):
+    """Score every utterance of `test_data` with `checkpoint`; write `out` atomically. Returns #utterances."""
+    from kws.checkpoint import load_model
+    from kws.fileio import atomic_open
+
+    if batch_size < 1:
+        raise KwsError(f"--batch-size must be >= 1, got {batch_size}")
+    if threads:
+        torch.set_num_threads(int(threads))
+    device = resolve_device(device)
+    dictionary = read_dictionary(dict_path)
+    tokens = keyword_names(dictionary)
+    model, payload = load_model(checkpoint, device=device)
+    if payload["num_keywords"] != len(tokens):
+        raise KwsError(
+            f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
+            f"lists {len(tokens)} keyword(s)"
+        )
+    fbank_conf = ((payload.get("config") or {}).get("dataset_conf") or {}).get("fbank_conf") or {}
+    items = read_data_list(test_data, num_keywords=len(tokens))
+    model.eval()
+    done = 0
+    with atomic_open(out) as handle:
+        for batch in _batches(items, batch_size, max_batch_frames, fbank_conf):
+            lengths = [feats.shape[0] for _, feats in batch]
+            dims = {feats.shape[1] for _, feats in batch}
+            if dims != {payload["input_dim"]}:
+                raise KwsError(f"{checkpoint}: model expects {payload['input_dim']}-dim features, fbank gives {dims}")
+            padded = torch.nn.utils.rnn.pad_sequence([feats for _, feats in batch], batch_first=True)
+            probs = posteriors(model, padded, device, max_batch_frames).numpy()
+            for row, ((item, _), length) in enumerate(zip(batch, lengths)):
+                for index, token in enumerate(tokens):
+                    handle.write(format_line(item["key"], token, probs[row, :length, index]))
+            done += len(batch)
+            log.info("scored %d/%d utterances", done, len(items))
+    return done
+
+
+__all__ = ["score", "posteriors", "format_line", "resolve_device", "FILLER"]

@@ -1,0 +1,173 @@
+"""The eSpeak NG default corpus (kws.synth), on the `tiny` size: seconds per run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from kws.datalist import read_dictionary, read_kaldi_map
+from kws.errors import KwsError
+from kws.synth import plan_corpus, synthesize_corpus
+from kws.synth.augment import resample
+from kws.synth.corpus import SPLITS, split_voices
+from kws.synth.espeak import EXCLUDED_VARIANTS, list_variants, synthesize_batch
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = 7
+
+
+def _quiet(_message):
+    pass
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    runs = {
+        "a": synthesize_corpus(root / "a", size="tiny", seed=SEED, threads=2, log=_quiet),
+        "b": synthesize_corpus(root / "b", size="tiny", seed=SEED, threads=1, log=_quiet),
+        "clean": synthesize_corpus(root / "clean", size="tiny", seed=SEED, threads=2, augment=False, log=_quiet),
+    }
+    return root, runs
+
+
+def _wavs(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted((folder / "wav").rglob("*.wav"))}
+
+
+def test_same_config_gives_identical_bytes(corpora):
+    root, runs = corpora
+    a, b = _wavs(root / "a"), _wavs(root / "b")
+    assert a and a.keys() == b.keys()
+    assert all(a[name] == b[name] for name in a), "wavs differ between runs (threads 2 vs 1)"
+    for split in SPLITS:
+        assert (root / "a" / split / "text").read_bytes() == (root / "b" / split / "text").read_bytes()
+        scp_a = read_kaldi_map(root / "a" / split / "wav.scp")
+        scp_b = read_kaldi_map(root / "b" / split / "wav.scp")
+        assert list(scp_a) == list(scp_b)
+    assert (root / "a" / "dict" / "words.txt").read_bytes() == (root / "b" / "dict" / "words.txt").read_bytes()
+    assert runs["a"]["splits"] == runs["b"]["splits"]
+
+
+def test_splits_are_speaker_disjoint():
+    voices = split_voices(SEED)
+    sets = {split: set(names) for split, names in voices.items()}
+    assert not sets["train"] & sets["dev"] and not sets["train"] & sets["test"] and not sets["dev"] & sets["test"]
+    assert all(sets.values())
+    assert not EXCLUDED_VARIANTS & set().union(*sets.values())
+    plan, _ = plan_corpus("tiny", SEED)
+    for split, items in plan.items():
+        for item in items:
+            for request in item["requests"]:
+                variant = request["voice"].partition("+")[2]
+                assert variant in sets[split], (split, request["voice"])
+    assert split_voices(SEED) == voices and split_voices(SEED + 1) != voices
+
+
+def test_layout_labels_and_audio_format(corpora):
+    root, runs = corpora
+    out = root / "a"
+    dictionary = read_dictionary(out / "dict" / "words.txt")
+    assert dictionary == {"<FILLER>": -1, "<HI_XIAOWEN>": 0, "<NIHAO_WENWEN>": 1}
+    for split in SPLITS:
+        text = read_kaldi_map(out / split / "text")
+        scp = read_kaldi_map(out / split / "wav.scp")
+        assert list(text) == list(scp) == sorted(text)
+        assert all(key.startswith(f"syn_{split}_") for key in text)
+        assert set(text.values()) == set(dictionary), f"{split}: both keywords and fillers expected"
+        for key, token in text.items():
+            assert token == "<HI_XIAOWEN>" if key.endswith("_hi") else True
+            assert token == "<NIHAO_WENWEN>" if key.endswith("_nihao") else True
+            if not key.endswith(("_hi", "_nihao")):
+                assert token == "<FILLER>"
+        for key, path in scp.items():
+            assert path == f"{out}/wav/{split}/{key}.wav"
+            info = soundfile.info(path)
+            assert (info.samplerate, info.channels, info.subtype, info.format) == (16000, 1, "PCM_16", "WAV")
+            assert 0.3 < info.frames / 16000 < 30 or key.endswith("_stream")
+    streams = [k for k in read_kaldi_map(out / "test" / "text") if k.endswith("_stream")]
+    assert streams and all(soundfile.info(f"{out}/wav/test/{k}.wav").duration >= 20 for k in streams)
+    assert not list(out.glob(".synth-tmp-*")), "temporary folder left behind"
+    assert runs["a"]["splits"]["test"]["filler_hours"] > 0
+
+
+def test_augmentation_changes_the_signal(corpora):
+    root, _ = corpora
+    aug, clean = _wavs(root / "a"), _wavs(root / "clean")
+    assert aug.keys() == clean.keys()
+    changed = sum(aug[name] != clean[name] for name in aug)
+    assert changed == len(aug)
+    name = next(n for n in sorted(aug) if "/train/" in n)
+    a = soundfile.read(root / "a" / name, dtype="float32")[0]
+    c = soundfile.read(root / "clean" / name, dtype="float32")[0]
+    assert len(a) != len(c) or not np.allclose(a, c, atol=1e-3)
+
+
+def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora):
+    root, _ = corpora
+    plan, _ = plan_corpus("tiny", SEED)
+    once, always, killer = (plan["train"][1]["key"], plan["train"][2]["key"], plan["dev"][0]["key"])
+    faults = {"crash": {once: "once", always: "always"}, "kill_worker": {killer}}
+    warnings = []
+    summary = synthesize_corpus(tmp_path / "f", size="tiny", seed=SEED, threads=2, log=warnings.append,
+                                _faults=faults)
+    text = read_kaldi_map(tmp_path / "f" / "train" / "text")
+    assert once in text and always not in text
+    assert summary["skipped"] == [always]
+    assert any("crashed" in w and "skipped" in w for w in warnings)
+    assert any("worker died" in w and "retrying" in w for w in warnings)
+    # the killed worker's chunk was redone identically; items untouched by faults are unchanged
+    reference, faulty = _wavs(root / "a"), _wavs(tmp_path / "f")
+    same = [name for name in faulty if once not in name and name in reference]
+    assert len(same) == len(faulty) - 1
+    assert all(reference[name] == faulty[name] for name in same if "/train/" not in name)
+    # a crash is repeatable: the fallback voice gives the same bytes twice
+    request = dict(plan["train"][1]["requests"][0], _crash="once")
+    first, second = synthesize_batch([request], log=_quiet), synthesize_batch([request], log=_quiet)
+    assert first[0] is not None and first == second
+
+
+def test_failed_run_leaves_no_lists(tmp_path):
+    plan, _ = plan_corpus("tiny", SEED)
+    faults = {"crash": {item["key"]: "always" for item in plan["dev"]}}
+    with pytest.raises(KwsError, match="dev split"):
+        synthesize_corpus(tmp_path / "x", size="tiny", seed=SEED, threads=2, log=_quiet, _faults=faults)
+    assert not list((tmp_path / "x").rglob("wav.scp")) and not list((tmp_path / "x").rglob("text"))
+    assert not list((tmp_path / "x").rglob("*.wav")) and not list((tmp_path / "x").glob(".synth-tmp-*"))
+
+
+def test_resampler_keeps_the_passband():
+    rate = 22050
+    t = np.arange(rate) / rate
+    y = resample(np.sin(2 * np.pi * 1000 * t).astype(np.float32), rate, 16000)
+    assert len(y) == 16000
+    ref = np.sin(2 * np.pi * 1000 * np.arange(16000) / 16000)
+    assert np.abs(y[500:-500] - ref[500:-500]).max() < 0.01
+    high = resample(np.sin(2 * np.pi * 10000 * t).astype(np.float32), rate, 16000)
+    assert np.sqrt(np.mean(high[500:-500] ** 2)) < 0.05  # above the new Nyquist: removed
+
+
+def test_variants_and_positive_share():
+    assert len(list_variants()) > 50
+    plan, _ = plan_corpus("default", 666)
+    utts = [item for item in plan["train"] if item["kind"] != "stream"]
+    share = sum(item["token"] != "<FILLER>" for item in utts) / len(utts)
+    assert 0.25 <= share <= 0.35
+    with pytest.raises(KwsError, match="--size"):
+        plan_corpus("huge", 1)
+
+
+def test_cli(tmp_path):
+    out = tmp_path / "cli"
+    run = subprocess.run([sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--size", "tiny",
+                          "--seed", "3", "--threads", "1", "--no-augment"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("synthesised train 24 utts") and "test" in run.stdout
+    assert (out / "test" / "wav.scp").exists()
+    bad = subprocess.run([sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--threads", "0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ")

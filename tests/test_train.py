@@ -1,0 +1,240 @@
+"""Training: DDP under torchrun, reproducibility, non-finite gradients, checkpoints and resume."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from helpers_train import make_corpus, train_argv, write_config
+from kws import checkpoint as ckpt
+from kws import trainer
+from kws.errors import KwsError
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    corpus = make_corpus(root / "corpus", num_train=13, num_dev=5)
+    config = write_config(root / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 3})
+    return root, corpus, config
+
+
+def run_inprocess(setup, model_dir, *extra):
+    """trainer.main in this process (world size 1), leaving torch threads and logging as they were."""
+    import logging
+
+    _, corpus, config = setup
+    threads, logger = torch.get_num_threads(), logging.getLogger("kws")
+    level, handlers = logger.level, list(logger.handlers)
+    try:
+        return trainer.main(train_argv(corpus, config, model_dir, "--threads", "1", *extra))
+    finally:
+        torch.set_num_threads(threads)
+        logger.setLevel(level)
+        for handler in logger.handlers[:]:
+            if handler not in handlers:
+                logger.removeHandler(handler)
+
+
+def state(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_same_tensors(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        elif isinstance(a[key], dict):
+            assert_same_tensors(a[key], b[key])
+        else:
+            assert a[key] == b[key], key
+
+
+def assert_same_checkpoint(path_a, path_b):
+    a, b = state(path_a), state(path_b)
+    assert_same_tensors(a["model"], b["model"])
+    assert_same_tensors(a["optimizer"]["state"], b["optimizer"]["state"])
+    assert a["scheduler"] == b["scheduler"]
+    assert a["cv_loss"] == b["cv_loss"] and a["epoch"] == b["epoch"] and a["step"] == b["step"]
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    """An uninterrupted 3-epoch run (one process, one DataLoader worker)."""
+    model_dir = setup[0] / "reference"
+    assert run_inprocess(setup, model_dir, "--max_epoch", "3", "--num_workers", "1") == 0
+    return model_dir
+
+
+def test_outputs_and_load_model(setup, reference):
+    names = {p.name for p in reference.iterdir()}
+    for epoch in (1, 2, 3):
+        assert f"epoch_{epoch:03d}.pt" in names and f"epoch_{epoch:03d}.yaml" in names
+    assert {"config.yaml", "run_info.yaml", "train_log.tsv", "final.yaml", "tensorboard"} <= names
+    assert not [n for n in names if n.endswith(".tmp")]
+    final = yaml.safe_load((reference / "final.yaml").read_text())
+    assert final["epochs"] == [1, 2, 3] and final["last_checkpoint"] == "epoch_003.pt"
+    sidecar = yaml.safe_load((reference / "epoch_002.yaml").read_text())
+    assert sidecar["epoch"] == 2 and sidecar["checkpoint"] == "epoch_002.pt"
+    assert sidecar["train_utterances"] == 13  # every training utterance, once
+    for key in ("cv_loss", "train_loss", "lr", "grad_norm", "skipped_steps"):
+        assert key in sidecar
+    rows = (reference / "train_log.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == trainer.TSV_COLUMNS and len(rows) == 4
+    info = yaml.safe_load((reference / "run_info.yaml").read_text())
+    assert info["seed"] == 666 and info["world_size"] == 1 and info["torch"] == str(torch.__version__)
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+
+    model, payload = ckpt.load_model(reference / "epoch_003.pt")
+    assert payload["epoch"] == 3 and payload["num_keywords"] == 2 and payload["input_dim"] == 16
+    assert not model.training
+    logits, _ = model(torch.zeros(1, 20, 16))
+    assert logits.shape == (1, 20, 2)
+    # CMVN statistics are in the checkpoint: mean 10, var 4 -> istd 0.5
+    assert torch.allclose(model.global_cmvn.mean, torch.full((16,), 10.0))
+    assert torch.allclose(model.global_cmvn.istd, torch.full((16,), 0.5))
+    # Checkpoints are plain data: they load with weights_only
+    assert isinstance(payload["rng"]["python"]["state"], list)
+
+
+def test_same_seed_same_checkpoints(setup, reference):
+    again = setup[0] / "again"
+    assert run_inprocess(setup, again, "--max_epoch", "3", "--num_workers", "1") == 0
+    for epoch in (1, 2, 3):
+        assert_same_checkpoint(reference / f"epoch_{epoch:03d}.pt", again / f"epoch_{epoch:03d}.pt")
+    other = setup[0] / "other_seed"
+    _, corpus, config = setup
+    argv = train_argv(corpus, config, other, "--threads", "1", "--max_epoch", "1")
+    argv[argv.index("--seed") + 1] = "7"
+    trainer.main(argv)
+    a, b = state(other / "epoch_001.pt")["model"], state(reference / "epoch_001.pt")["model"]
+    assert not torch.equal(a["classifier.linear.weight"], b["classifier.linear.weight"])
+
+
+def test_resume_skips_corrupt_checkpoint_and_ends_identical(setup, reference, caplog):
+    model_dir = setup[0] / "resumed"
+    assert run_inprocess(setup, model_dir, "--max_epoch", "2", "--num_workers", "1") == 0
+    assert (model_dir / "final.yaml").exists()
+    corrupt = model_dir / "epoch_002.pt"
+    corrupt.write_bytes(corrupt.read_bytes()[:200])  # a truncated file
+    caplog.set_level("WARNING", logger="kws")
+    assert run_inprocess(setup, model_dir, "--max_epoch", "3", "--num_workers", "1") == 0
+    assert "epoch_002.pt" in caplog.text and "epoch_001.pt" in caplog.text
+    for epoch in (2, 3):
+        assert_same_checkpoint(reference / f"epoch_{epoch:03d}.pt", model_dir / f"epoch_{epoch:03d}.pt")
+    info = yaml.safe_load((model_dir / "run_info.yaml").read_text())
+    assert info["resumed_from"].endswith("epoch_001.pt") and info["start_epoch"] == 2
+    assert [line.split("\t")[0] for line in (model_dir / "train_log.tsv").read_text().splitlines()] == \
+        ["epoch", "1", "2", "3"]
+
+
+def test_killed_run_resumes_bit_identical(setup, reference):
+    _, corpus, config = setup
+    model_dir = setup[0] / "killed"
+    argv = train_argv(corpus, config, model_dir, "--threads", "1", "--max_epoch", "3", "--num_workers", "1")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (model_dir / "epoch_001.yaml").exists():
+            assert proc.poll() is None, "training exited before its first checkpoint"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (model_dir / "final.yaml").exists()  # killed mid-run
+    assert run_inprocess(setup, model_dir, "--max_epoch", "3", "--num_workers", "1") == 0
+    assert_same_checkpoint(reference / "epoch_003.pt", model_dir / "epoch_003.pt")
+
+
+def test_changed_config_refuses_to_resume(setup, reference, tmp_path):
+    model_dir = tmp_path / "copy"
+    shutil.copytree(reference, model_dir)
+    (model_dir / "final.yaml").unlink()
+    with pytest.raises(KwsError, match="different config .*optim_conf.lr"):
+        run_inprocess(setup, model_dir, "--max_epoch", "4", "--override", "optim_conf.lr=0.5")
+
+
+def test_nonfinite_gradient_skips_the_step():
+    from kws.model import build_model
+
+    model = build_model({"hidden_dim": 8, "backbone": {"type": "tcn", "num_layers": 1, "kernel_size": 3}}, 4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    logits, _ = model(torch.randn(2, 10, 4))
+    logits.sum().backward()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first = next(p for p in model.parameters() if p.grad is not None)
+    first.grad.view(-1)[0] = float("nan")
+    grad_norm, stepped = trainer.optimizer_step(model, optimizer, 5.0)
+    assert not stepped and not torch.isfinite(torch.tensor(grad_norm))
+    assert_same_tensors(before, model.state_dict())
+    assert optimizer.state_dict()["state"] == {}  # Adam did not count a step
+    assert all(p.grad is None for p in model.parameters())
+    # a finite gradient steps
+    logits, _ = model(torch.randn(2, 10, 4))
+    logits.sum().backward()
+    first.grad.view(-1)[0] = float("inf")
+    assert trainer.optimizer_step(model, optimizer, 5.0)[1] is False
+    logits, _ = model(torch.randn(2, 10, 4))
+    logits.sum().backward()
+    assert trainer.optimizer_step(model, optimizer, 5.0)[1] is True
+    assert not torch.equal(before["classifier.linear.weight"], model.state_dict()["classifier.linear.weight"])
+
+
+def test_nan_loss_in_training_is_counted_and_too_many_stop(setup, monkeypatch):
+    import kws.loss
+
+    real = kws.loss.criterion("max_pooling")
+    calls = {"n": 0}
+
+    def nan_on_second(logits, lengths, targets, min_duration=0):
+        calls["n"] += 1
+        loss, acc = real(logits, lengths, targets, min_duration)
+        return (loss * float("nan") if calls["n"] == 2 else loss), acc
+
+    monkeypatch.setattr(kws.loss, "criterion", lambda name: nan_on_second)
+    model_dir = setup[0] / "nan_once"
+    assert run_inprocess(setup, model_dir, "--max_epoch", "1") == 0
+    sidecar = yaml.safe_load((model_dir / "epoch_001.yaml").read_text())
+    assert sidecar["skipped_steps"] == 1
+
+    monkeypatch.setattr(kws.loss, "criterion", lambda name: lambda *a, **k: (real(*a, **k)[0] * float("inf"), 0.0))
+    with pytest.raises(KwsError, match="3 steps in a row with a non-finite gradient"):
+        run_inprocess(setup, setup[0] / "nan_always", "--max_epoch", "1",
+                      "--override", "training_config.max_nonfinite_steps=2")
+
+
+def test_ddp_two_gloo_processes(tmp_path):
+    """torchrun, 2 gloo processes, uneven shards (13 utterances, batches of 2: 4 and 3 batches)."""
+    corpus = make_corpus(tmp_path / "corpus", num_train=13, num_dev=5)
+    config = write_config(tmp_path / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 2})
+    model_dir = tmp_path / "ddp"
+    argv = train_argv(corpus, config, model_dir, "--threads", "2", "--max_epoch", "2", "--num_workers", "1",
+                      "--ddp.dist_backend", "gloo", "--timeout", "120")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                             "--nproc_per_node", "2", str(REPO / "scripts" / "train.py"), *argv],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    info = yaml.safe_load((model_dir / "run_info.yaml").read_text())
+    assert info["world_size"] == 2 and info["backend"] == "gloo" and info["threads_per_process"] == 1
+    for epoch in (1, 2):
+        sidecar = yaml.safe_load((model_dir / f"epoch_{epoch:03d}.yaml").read_text())
+        assert sidecar["train_utterances"] == 13 and sidecar["batches"] == 4
+    assert (model_dir / "final.yaml").exists()
+    model, payload = ckpt.load_model(model_dir / "epoch_002.pt")
+    assert payload["world_size"] == 2
+    assert not any(k.startswith("module.") for k in payload["model"])
