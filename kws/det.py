@@ -10,6 +10,8 @@ For one keyword and each threshold t in 0.00, 0.01, ..., 0.99 (step 0.01 by defa
   FA/h = max(n_FA, 1e-6) / filler hours.
 
 Stats files hold `threshold fa_per_hour frr` per line (6 decimals), exactly as WeKws writes them.
+metrics.json: run settings plus `keywords`, a mapping keyword name (`hi_xiaowen`) -> summary
+(token, positives, filler hours, operating points per FA/h target, the point at threshold 0.5).
 
 Counting is vectorised and exact: for each threshold the greedy hold-off scan is a chain of
 "next frame at or after p that is >= t" look-ups; those look-ups are precomputed for all
@@ -19,10 +21,11 @@ steps per utterance), never over thresholds x frames. The greedy earliest-first 
 largest set of threshold-crossing frames that are at least `window_shift` apart, so the false
 alarm count never increases with the threshold.
 
-Operating points (`summarize`): for a target FA/h, among the thresholds whose FA/h <= target,
+Operating points (`operating_point`): for a target FA/h, among the thresholds whose FA/h <= target,
 take the lowest FRR, then the lowest FA/h; when several thresholds tie on both (common: a flat
 stretch with zero false alarms and no rejections) the middle of that tied run is the operating
-threshold — the one with the most margin before either error rate gets worse. When no threshold meets the target the operating point is null. One false
+threshold, the one with the most margin before either error rate gets worse. When no threshold
+meets the target the operating point is null. One false
 alarm in the whole filler set is already 1 / filler_hours FA/h; a target below that can only be
 met with zero false alarms, and the metrics flag it (`zero_fa_only`).
 
@@ -43,7 +46,7 @@ from kws.errors import KwsError
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
 FA_FLOOR = 1e-6
-_MAX_BLOCK = 1 << 22  # thresholds x frames per look-up table block (int32: 16 MiB)
+_MAX_BLOCK = 1 << 22  # thresholds x frames per look-up table chunk (int32: 16 MiB)
 
 
 def thresholds_for(step=0.01):
@@ -311,7 +314,7 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     stats_dir = ensure_dir(Path(stats_dir) if stats_dir is not None else out_dir / "det")
     if experiment is None:
         experiment = Path(out_dir).resolve().name
-    keywords = []
+    keywords = {}
     for index, token in enumerate(tokens):
         table = scores[token]
         missing = [item["key"] for item in items if item["key"] not in table]
@@ -339,7 +342,10 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
         write_stats(stats_dir / stats_name(token), curve)
         summary = summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets)
         summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
-        keywords.append(summary)
+        if summary["name"] in keywords:
+            raise KwsError(f"{dict_path}: keywords {keywords[summary['name']]['token']} and {token} "
+                           f"share the file name {stats_name(token)}")
+        keywords[summary["name"]] = summary
     metrics = {
         "experiment": experiment,
         "score": str(score_path),
@@ -371,7 +377,7 @@ def _num(value, digits=6):
 
 def _tsv_rows(metrics, experiment=None):
     name = experiment if experiment is not None else (metrics.get("experiment") or "")
-    for kw in metrics["keywords"]:
+    for kw in keyword_entries(metrics):
         for point in kw["operating_points"]:
             yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
                    _num(point["threshold"], 2), _num(point["fa_per_hour"]),
@@ -405,8 +411,8 @@ def metrics_markdown(metrics, title=None):
     header = ["Keyword", "Positives", "Filler hours"] + _targets_header(targets) + ["FRR @ t=0.5", "FA/h @ t=0.5"]
     lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     flagged = False
-    for kw in metrics["keywords"]:
-        cells = [kw["token"], str(kw["num_positives"]), f"{kw['filler_hours']:.3f}"]
+    for kw in keyword_entries(metrics):
+        cells = [kw["token"], str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
         cells += [_cell(p) for p in kw["operating_points"]]
         flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
         half = kw["at_threshold_0.5"]
@@ -423,6 +429,12 @@ def metrics_markdown(metrics, title=None):
         lines.append("\\* target below 1 false alarm per filler-hours of test audio: this FRR is the FRR at "
                      "zero false alarms; the test set has too few filler hours to resolve the target.")
     return "\n".join(lines) + "\n"
+
+
+def keyword_entries(metrics):
+    """The per-keyword summaries of a metrics dict, in dictionary order (`keywords` maps name -> entry)."""
+    node = metrics["keywords"]
+    return list(node.values()) if isinstance(node, dict) else list(node)
 
 
 def _load_metrics(path):
@@ -453,17 +465,17 @@ def compare_metrics(named):
     tsv = ["\t".join(TSV_COLUMNS)]
     tokens = []
     for _, m in loaded:
-        for kw in m["keywords"]:
+        for kw in keyword_entries(m):
             if kw["token"] not in tokens:
                 tokens.append(kw["token"])
     flagged = False
     for token in tokens:
         for name, m in loaded:
-            kw = next((k for k in m["keywords"] if k["token"] == token), None)
+            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
             if kw is None:
                 continue
             by_target = {float(p["fa_per_hour_target"]): p for p in kw["operating_points"]}
-            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.3f}"]
+            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
             cells += [_cell(by_target[t]) if t in by_target else "-" for t in targets]
             flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
             md.append("| " + " | ".join(cells) + " |")

@@ -82,6 +82,8 @@ class Detector:
     def decide(self, posteriors, first_frame):
         """Threshold + refractory decisions for frames first_frame.. of posteriors [n, K]."""
         above = posteriors >= self.thresholds
+        if not above.any():
+            return []
         detections = []
         for row in np.nonzero(above.any(axis=1))[0]:
             frame = first_frame + int(row)

@@ -327,7 +327,10 @@ def run_chunked(runner, feats, chunk):
 
 
 def _max_abs(a, b):
-    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)))) if np.size(a) else 0.0
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
 def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5):

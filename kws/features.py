@@ -21,6 +21,9 @@ def compute_fbank(samples, fbank_conf, dither=None, generator=None):
     """
     conf = fbank_settings(fbank_conf)
     waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1) * (1 << 15)
+    if waveform.shape[1] < int(16000 * conf["frame_length"] / 1000):
+        # Shorter than one window: no frames (Kaldi's fbank would fail an assertion).
+        return torch.zeros(0, int(conf["num_mel_bins"]))
     amount = conf["dither"] if dither is None else dither
     if amount > 0 and generator is not None:
         # kaldi.fbank draws dither from the global RNG; add it here instead so it is seeded per worker.

@@ -361,11 +361,23 @@ def _check_gpus(args, environ, report):
     return ids
 
 
+def cuda_indices(ids, environ):
+    """The `cuda:<i>` index of each --gpus id. Ids index the visible devices, except that when
+    CUDA_VISIBLE_DEVICES is set and lists every id, they are taken as the physical ids it names
+    (WeKws style: `--gpus 4,5` with CUDA_VISIBLE_DEVICES=4,5 means cuda:0 and cuda:1)."""
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [p.strip() for p in cvd.split(",")] if cvd else []
+    if ids and physical and all(str(gpu) in physical for gpu in ids):
+        return [physical.index(str(gpu)) for gpu in ids]
+    return list(ids)
+
+
 def _check_visible(ids, environ, cuda, report):
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     seen = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
-    for gpu in ids:
-        if gpu >= cuda.device_count:
+    indices = cuda_indices(ids, environ)
+    for gpu, index in zip(ids, indices):
+        if index >= cuda.device_count:
             if cuda.device_count == 0:
                 raise KwsError(f"--gpus asks for GPU {gpu} but CUDA sees no GPU ({seen}); use --gpus -1 to train on "
                                f"CPU, or fix the driver / CUDA_VISIBLE_DEVICES")
@@ -373,17 +385,18 @@ def _check_visible(ids, environ, cuda, report):
                            f"0..{cuda.device_count - 1} ({seen}; --gpus ids index the visible devices); "
                            f"use ids below {cuda.device_count}")
     physical = [p.strip() for p in cvd.split(",")] if cvd else None
-    for gpu in ids:
-        name = cuda.names[gpu] if gpu < len(cuda.names) else "?"
-        where = f" = physical {physical[gpu]}" if physical and gpu < len(physical) else ""
-        free = cuda.free_bytes[gpu] if gpu < len(cuda.free_bytes) else None
-        total = cuda.total_bytes[gpu] if gpu < len(cuda.total_bytes) else None
+    for gpu, index in zip(ids, indices):
+        name = cuda.names[index] if index < len(cuda.names) else "?"
+        where = f" = physical {physical[index]}" if physical and index < len(physical) else ""
+        label = f"GPU {gpu} (cuda:{index}{where})"
+        free = cuda.free_bytes[index] if index < len(cuda.free_bytes) else None
+        total = cuda.total_bytes[index] if index < len(cuda.total_bytes) else None
         if free is None or not total:
-            report.ok.append(f"GPU {gpu} (cuda:{gpu}{where}): {name}, free memory not queried")
+            report.ok.append(f"{label}: {name}, free memory not queried")
             continue
-        report.ok.append(f"GPU {gpu} (cuda:{gpu}{where}): {name}, {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB")
+        report.ok.append(f"{label}: {name}, {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB")
         if free < 0.5 * total:
-            report.append(f"GPU {gpu} (cuda:{gpu}{where}) has only {free / GIB:.1f} of {total / GIB:.1f} GiB free: "
+            report.append(f"{label} has only {free / GIB:.1f} of {total / GIB:.1f} GiB free: "
                           f"another job is using it (check nvidia-smi)")
 
 
@@ -484,9 +497,10 @@ def run_preflight(args_like, environ=os.environ, cuda=None, cpus=None, check_por
     if cuda is None:
         if in_torchrun(environ):
             local = int(environ.get("LOCAL_RANK", "0") or 0)
-            memory_for = {ids[local]} if ids and local < len(ids) else {local}
+            indices = cuda_indices(ids, environ)
+            memory_for = {indices[local]} if local < len(indices) else {local}
         else:
-            memory_for = set(ids)
+            memory_for = set(cuda_indices(ids, environ))
         cuda = CudaInfo.query(memory_for=memory_for)
     _check_visible(ids, environ, cuda, report)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from kws.audio import read_wav
-from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
+from kws.datalist import keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
 from kws.features import compute_fbank
 
@@ -125,4 +125,4 @@ def score(checkpoint, test_data, dict_path, out, batch_size=64, device="auto", t
     return done
 
 
-__all__ = ["score", "posteriors", "format_line", "resolve_device", "FILLER"]
+__all__ = ["score", "posteriors", "format_line", "resolve_device"]

@@ -27,6 +27,7 @@ output). CUDA runs are reproducible only as far as cuDNN/NCCL are.
 import argparse
 import csv
 import datetime
+import hashlib
 import io
 import json
 import logging
@@ -34,6 +35,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import socket
 import sys
 import time
@@ -48,8 +50,10 @@ from kws import checkpoint as ckpt
 from kws.config import apply_overrides, load_model_config
 from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
 from kws.datalist import read_data_list
+from kws.distributed import barrier_or_fail, cleanup, init_distributed
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
+from kws.preflight import run_preflight
 
 log = logging.getLogger("kws.train")
 
@@ -93,6 +97,9 @@ def build_parser():
     p.add_argument("--threads", type=int, default=None,
                    help="CPU cores for the whole job; each process uses threads // processes-per-node "
                         "(default: $OMP_NUM_THREADS per process, else the cores available / processes)")
+    p.add_argument("--restart_on_change", action="store_true",
+                   help="when model_dir holds checkpoints of a different run (config, seed, data, world size), "
+                        "delete them and train from scratch instead of stopping with an error (the workflow's way)")
     p.add_argument("--reverb_lmdb", default=None, help=argparse.SUPPRESS)
     p.add_argument("--noise_lmdb", default=None, help=argparse.SUPPRESS)
     return p
@@ -187,9 +194,10 @@ class Dist:
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
 
-    def barrier(self):
+    def barrier(self, what, timeout_s):
+        """A barrier that fails within the timeout, naming the rank(s) that never reached it."""
         if self.enabled:
-            dist.barrier()
+            barrier_or_fail(timeout_s, what)
 
     def broadcast(self, obj):
         if not self.enabled:
@@ -358,13 +366,15 @@ def _fmt(value):
     return value
 
 
-def open_writer(folder):
+def open_writer(folder, purge_step=None):
+    """TensorBoard writer. Every scalar is logged against the global step, so on resume `purge_step`
+    (the step of the checkpoint) drops events a killed run wrote after it."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard missing: train anyway, the TSV log has the same numbers
         log.warning("tensorboard is not installed: no TensorBoard logs")
         return None
-    return SummaryWriter(str(folder))
+    return SummaryWriter(str(folder), purge_step=purge_step)
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -404,6 +414,47 @@ def _comparable(config):
     conf = apply_overrides(config, {"training_config.max_epoch": None})
     conf.get("model", {}).get("cmvn", {}).pop("cmvn_file", None)
     return conf
+
+
+def _file_digest(path):
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def run_fingerprint(args, config, world_size):
+    """Everything that makes two runs' checkpoints interchangeable: resuming is allowed only on a match.
+
+    The data enters by content (data lists and CMVN statistics), so a regenerated corpus is never
+    resumed into, even when its paths stay the same.
+    """
+    return {
+        "config": _comparable(config),
+        "seed": args.seed,
+        "world_size": world_size,
+        "num_workers": args.num_workers,
+        "num_keywords": args.num_keywords,
+        "min_duration": args.min_duration,
+        "train_data": _file_digest(args.train_data),
+        "cv_data": _file_digest(args.cv_data),
+        "cmvn": _file_digest(args.cmvn_file),
+    }
+
+
+def discard_run(model_dir):
+    """Delete the checkpoints and logs of an earlier, different run (the workflow asked for a fresh one)."""
+    stale = [path for _, sidecar, pt in ckpt.completed_epochs(model_dir) for path in (sidecar, pt)]
+    stale += [model_dir / name for name in ("final.yaml", "train_log.tsv")]
+    stale += list(model_dir.glob("epoch_*.pt"))
+    removed = sorted({str(path) for path in stale if path.exists()})
+    for path in removed:
+        Path(path).unlink()
+    shutil.rmtree(model_dir / "tensorboard", ignore_errors=True)
+    return removed
 
 
 def _first_difference(a, b, prefix=""):
@@ -456,13 +507,22 @@ def train(args):
         raise KwsError("--ddp.dist_backend nccl needs GPUs; this process has none (use gloo or auto)")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if rank == 0:
+        # The multi-GPU checklist, before a GPU hour is spent: ids vs processes, visibility, NCCL, clip, workers.
+        report = run_preflight({"gpus": args.gpus, "nproc_per_node": local_world, "config": config,
+                                "num_workers": args.num_workers, "threads": args.threads,
+                                "dist_backend": backend})
+        for line in report.ok:
+            log.info("preflight: %s", line)
+        for line in report:
+            log.warning("preflight: %s", line)
     if world_size > 1:
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=args.timeout))
+        # Every rank checks in first: a rank that never arrives is named within the timeout, no hang.
+        init_distributed(backend, timeout_s=args.timeout)
     try:
         return _train(args, config, tc, model_dir, rank, world_size, device, backend, threads)
     finally:
-        if world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        cleanup()
 
 
 def _train(args, config, tc, model_dir, rank, world_size, device, backend, threads):
@@ -510,7 +570,9 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
     optimizer = torch.optim.Adam(model.parameters(), **config["optim_conf"])
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
-    # Resume: rank 0 picks the checkpoint, every rank loads that one.
+    # Resume: rank 0 picks the checkpoint, every rank loads that one. Only a checkpoint of the same
+    # run (fingerprint) is resumed; an explicit --checkpoint is the user's deliberate choice.
+    fingerprint = run_fingerprint(args, config, world_size)
     start_epoch, run.step, history, resumed_from = 1, 0, [], None
     if rank == 0:
         if args.checkpoint is not None:
@@ -519,6 +581,16 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
         else:
             found = ckpt.find_resume_checkpoint(model_dir)
             chosen = str(found[1]) if found else None
+            if found and found[2].get("fingerprint") != fingerprint:
+                diff = _first_difference(found[2].get("fingerprint") or {}, fingerprint) or "fingerprint"
+                if not args.restart_on_change:
+                    raise KwsError(f"{chosen}: checkpoint belongs to a different run ({diff} differs); "
+                                   f"use another --model_dir, --restart_on_change to discard it, or "
+                                   f"--checkpoint to resume from it anyway")
+                removed = discard_run(model_dir)
+                log.warning("%s differs from the checkpoints in %s: discarded %d files and training from "
+                            "scratch", diff, model_dir, len(removed))
+                chosen = None
     else:
         chosen = None
     chosen = run.dist.broadcast(chosen)
@@ -574,7 +646,8 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
             "argv": [sys.executable, *sys.argv],
         })
         history = read_tsv(tsv_path, start_epoch)
-        run.writer = open_writer(Path(args.tensorboard_dir) if args.tensorboard_dir else model_dir / "tensorboard")
+        run.writer = open_writer(Path(args.tensorboard_dir) if args.tensorboard_dir else model_dir / "tensorboard",
+                                 purge_step=run.step + 1 if resumed_from else None)
         log.info("model: %d parameters; %d train / %d cv utterances; %d process(es) on %s (%s), %d thread(s) each",
                  count_parameters(model), len(train_items), len(cv_items), world_size, device.type,
                  backend if world_size > 1 else "no DDP", threads)
@@ -597,7 +670,7 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
                 "cv_acc": cv_acc, "train_loss": stats["train_loss"], "lr": lr,
                 "skipped_steps_total": run.guard.total, "rng": ckpt.rng_state(), "config": config,
                 "num_keywords": args.num_keywords, "input_dim": run.input_dim, "seed": args.seed,
-                "world_size": world_size,
+                "world_size": world_size, "fingerprint": fingerprint,
             }
             ckpt.save_checkpoint(model_dir, payload, {
                 "cv_loss": cv_loss, "cv_acc": cv_acc, "train_loss": stats["train_loss"], "lr": lr,
@@ -608,12 +681,12 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
             write_tsv(tsv_path, history)
             if run.writer is not None:
                 for name in ("train_loss", "cv_loss", "cv_acc", "lr", "grad_norm", "skipped_steps", "utts_per_s"):
-                    run.writer.add_scalar(f"epoch/{name}", row[name], epoch)
+                    run.writer.add_scalar(f"epoch/{name}", row[name], run.step)
                 run.writer.flush()
             log.info("epoch %d: train_loss %.4f cv_loss %.4f cv_acc %.3f lr %.3g grad_norm %.3f skipped %d "
                      "(%.1f s, %.1f utt/s, %d batches)", epoch, stats["train_loss"], cv_loss, cv_acc, lr,
                      stats["grad_norm"], stats["skipped_steps"], seconds, row["utts_per_s"], stats["batches"])
-        run.dist.barrier()  # nobody runs ahead of a checkpoint being written
+        run.dist.barrier(f"the end of epoch {epoch}", args.timeout)  # nobody runs ahead of a checkpoint
 
     if rank == 0:
         epochs = [epoch for epoch, _, _ in ckpt.completed_epochs(model_dir) if epoch <= max_epoch]

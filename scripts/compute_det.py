@@ -31,7 +31,7 @@ def main(argv=None):
     metrics = compute_det(args.score, args.test_data, args.dict, args.out_dir, step=args.step,
                           window_shift=args.window_shift, fa_targets=args.fa_targets, experiment=args.experiment,
                           stats_dir=args.stats_dir)
-    for kw in metrics["keywords"]:
+    for kw in metrics["keywords"].values():
         parts = []
         for point in kw["operating_points"]:
             frr = "n/a" if point["frr"] is None else f"{point['frr']:.4f}"

@@ -107,7 +107,8 @@ def test_hand_computed_case(tmp_path):
     assert np.all(yo["frr"][1:] == 1.0)
     assert np.all(yo["fa_per_hour"][1:] < 1e-5)
 
-    kw = {k["token"]: k for k in metrics["keywords"]}
+    assert list(metrics["keywords"]) == ["hi_there", "yo"]
+    kw = {k["token"]: k for k in metrics["keywords"].values()}
     hi_m = kw["<HI_THERE>"]
     assert hi_m["num_positives"] == 2 and hi_m["filler_hours"] == pytest.approx(0.75)
     points = {p["fa_per_hour_target"]: p for p in hi_m["operating_points"]}
@@ -121,12 +122,12 @@ def test_hand_computed_case(tmp_path):
     assert kw["<YO>"]["stats_file"] == "det/stats.yo.txt" and metrics["experiment"] == "toy"
 
     on_disk = json.loads((out / "metrics.json").read_text())
-    assert on_disk["keywords"][0]["operating_points"][2]["threshold"] == pytest.approx(0.65)
+    assert on_disk["keywords"]["hi_there"]["operating_points"][2]["threshold"] == pytest.approx(0.65)
     tsv = (out / "metrics.tsv").read_text().splitlines()
     assert tsv[0].split("\t")[:4] == ["experiment", "keyword", "fa_per_hour_target", "frr"]
     assert len(tsv) == 1 + 2 * 4
     md = (out / "metrics.md").read_text()
-    assert "| <HI_THERE> | 2 | 0.750 |" in md and "50.00% (t=0.65)" in md
+    assert "| <HI_THERE> | 2 | 0.75 |" in md and "50.00% (t=0.65)" in md
 
 
 def test_operating_point_unreachable():
@@ -161,7 +162,7 @@ def test_compare_metrics(tmp_path):
     assert "| <HI_THERE> | exp_a |" in md and "| <YO> | exp_b |" in md
     assert "FRR @ 5 FA/h" in md and " - |" in md  # exp_a was not evaluated at 5 FA/h
     assert len(tsv.strip().splitlines()) == 1 + 2 * 3 + 2 * 2
-    assert a["keywords"][0]["token"] == "<HI_THERE>"
+    assert a["keywords"]["hi_there"]["token"] == "<HI_THERE>"
 
 
 def test_cli(tmp_path):

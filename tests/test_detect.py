@@ -149,6 +149,20 @@ def test_chunked_detector_equals_offline(tone_export, suffix):
     assert [(d["keyword"], d["frame"]) for d in offline_detector.decide(offline, 0)] == results[0]
 
 
+def test_detector_equals_kws_score(tone_export):
+    """The wav file through the streaming detector == kws.score's offline posteriors of it."""
+    from kws.detect import wav_chunks
+    from kws.score import posteriors, utterance_features
+
+    root, model, wav = tone_export
+    offline = posteriors(model, utterance_features({"key": "rec", "wav": str(wav)}, FBANK).unsqueeze(0), "cpu")[0]
+    for suffix in ("pt", "onnx"):
+        detector = Detector(load_exported(root / "export" / f"model.{suffix}"), keep_posteriors=True)
+        for chunk in wav_chunks(wav, 1600):
+            detector.accept(chunk)
+        assert np.abs(detector.posteriors() - offline.numpy()).max() <= 1e-5
+
+
 def test_random_model_streaming_equals_offline(tmp_path):
     """A model with random weights (non-trivial convolutions and cache) streamed through the detector."""
     conf = load_model_config(ROOT / "config" / "models" / "tiny.yaml")

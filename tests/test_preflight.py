@@ -73,6 +73,11 @@ def test_invisible_gpu_respects_cuda_visible_devices():
     assert any("cuda:1 = physical 5" in line for line in report.ok)
     with pytest.raises(KwsError, match=r"GPU 2 but CUDA sees only 2 device\(s\).*CUDA_VISIBLE_DEVICES=4,5"):
         preflight(ns(gpus="0,2", nproc_per_node=2), cuda=cuda, environ=env)
+    # WeKws style: physical ids that CUDA_VISIBLE_DEVICES lists are accepted too.
+    report = preflight(ns(gpus="5", nproc_per_node=1), cuda=cuda, environ=env)
+    assert any(line.startswith("GPU 5 (cuda:1 = physical 5)") for line in report.ok)
+    with pytest.raises(KwsError, match="GPU 4 but CUDA sees only 2"):
+        preflight(ns(gpus="4,6", nproc_per_node=2), cuda=cuda, environ=env)
 
 
 def test_no_gpu_at_all():

@@ -164,8 +164,20 @@ def test_changed_config_refuses_to_resume(setup, reference, tmp_path):
     model_dir = tmp_path / "copy"
     shutil.copytree(reference, model_dir)
     (model_dir / "final.yaml").unlink()
-    with pytest.raises(KwsError, match="different config .*optim_conf.lr"):
+    with pytest.raises(KwsError, match="different run .*optim_conf.lr"):
         run_inprocess(setup, model_dir, "--max_epoch", "4", "--override", "optim_conf.lr=0.5")
+
+
+def test_changed_seed_refuses_to_resume_and_restart_on_change_starts_over(setup, reference, tmp_path):
+    model_dir = tmp_path / "copy"
+    shutil.copytree(reference, model_dir)
+    (model_dir / "final.yaml").unlink()
+    with pytest.raises(KwsError, match="different run .*seed"):
+        run_inprocess(setup, model_dir, "--max_epoch", "3", "--num_workers", "1", "--seed", "667")
+    # The workflow's way: a changed run discards the old checkpoints and trains from epoch 1.
+    assert run_inprocess(setup, model_dir, "--max_epoch", "1", "--seed", "667", "--restart_on_change") == 0
+    assert sorted(p.name for p in model_dir.glob("epoch_*.pt")) == ["epoch_001.pt"]
+    assert torch.load(model_dir / "epoch_001.pt", weights_only=True)["seed"] == 667
 
 
 def test_nonfinite_gradient_skips_the_step():

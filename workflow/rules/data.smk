@@ -75,4 +75,4 @@ rule make_list:
     params:
         data_dir=lambda wildcards, input: Path(input.wav_scp).parent,
     shell:
-        "python {input.script} --data-dir {params.data_dir} --dict {input.words} > {log} 2>&1"
+        "python {input.script} --data-dir {params.data_dir} --dict {input.words} --threads {threads} > {log} 2>&1"

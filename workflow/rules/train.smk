@@ -36,7 +36,7 @@ rule train:
         args=lambda wildcards: train_args(wildcards.exp),
     shell:
         "{params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
-        " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir}"
+        " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir} --restart_on_change"
         " {params.args} --timeout {resources.timeout_s} --threads {threads} > {log} 2>&1"
 
 
