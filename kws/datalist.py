@@ -118,3 +118,10 @@ def write_data_list(path, items):
         for item in items:
             record = {name: item[name] for name in REQUIRED_FIELDS}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def evenly_spaced(items, count):
+    """At most `count` items spread evenly over the list (a slice that keeps its mix of labels)."""
+    if count >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // count] for i in range(count)]

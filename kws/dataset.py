@@ -14,6 +14,11 @@ rank produces can still differ (uneven division, the length filter, per-worker p
 the trainer does not rely on equal batch counts: it all-reduces a "this rank still has a batch" flag
 every step and lets a rank that has run out take part with a zero-gradient step (see kws.trainer).
 
+Feature cache: with `feature_cache` (a kws.feature_cache folder or FeatureCache) the fbank features
+are read from the memory-mapped cache instead of decoding and extracting them; the cache holds dither-0
+features, so the configured fbank dither is not applied; the length filter, SpecAugment, shuffling,
+sharding and batching are unchanged, so the same utterances reach the same ranks and workers.
+
 Randomness: every random choice (global order, shuffle buffer, SpecAugment masks, fbank dither) comes
 from generators seeded by `(seed, epoch, rank, worker)`, never from global state, so an epoch's batches
 are identical whatever happened before (resume) and `set_epoch` changes the order.
@@ -125,11 +130,17 @@ class KwsDataset(IterableDataset):
     """
 
     def __init__(self, data_list, dataset_conf, seed=666, rank=None, world_size=None, num_keywords=None,
-                 items=None):
+                 items=None, feature_cache=None):
         self.data_list = str(data_list)
         self.items = items if items is not None else read_data_list(data_list, num_keywords=num_keywords)
         self.conf = dict(dataset_conf or {})
         self.fbank_conf = fbank_conf_of(self.conf)
+        if feature_cache is not None and not hasattr(feature_cache, "features"):
+            from kws.feature_cache import FeatureCache
+
+            feature_cache = FeatureCache(feature_cache, fbank_conf=self.fbank_conf, data_list=data_list,
+                                         items=self.items)
+        self.feature_cache = feature_cache
         self.filter_conf = {**DEFAULT_FILTER, **(self.conf.get("filter_conf") or {})}
         self.spec_aug = bool(self.conf.get("spec_aug", False))
         self.spec_aug_conf = {**DEFAULT_SPEC_AUG, **(self.conf.get("spec_aug_conf") or {})}
@@ -180,8 +191,18 @@ class KwsDataset(IterableDataset):
         dither_gen = torch.Generator().manual_seed(int(_rng(*entropy, _STREAM_DITHER).integers(2**62)))
         dither = float(self.fbank_conf.get("dither", 0.0))
         max_len, min_len = int(self.filter_conf["max_length"]), int(self.filter_conf["min_length"])
+        cache = self.feature_cache
         for index in self.indices(worker, num_workers):
             item = self.items[index]
+            if cache is not None:
+                frames = cache.num_frames(item["key"])
+                if frames < max(min_len, 1) or frames > max_len:
+                    continue
+                feats = cache.features(item["key"])  # dither 0 (see the module docstring)
+                if self.spec_aug:
+                    feats = spec_augment(feats, aug_rng, **{k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG})
+                yield item["key"], feats, int(item["txt"])
+                continue
             samples = read_wav(item["wav"])
             frames = num_frames(len(samples), self.fbank_conf)
             if frames < max(min_len, 1) or frames > max_len:

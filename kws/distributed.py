@@ -20,7 +20,9 @@ World size 1 (no torchrun, or `--nproc_per_node 1`): no process group is created
 import datetime
 import os
 import re
+import signal
 import socket
+import sys
 import time
 
 import torch
@@ -281,6 +283,32 @@ def all_reduce_mean_weighted(value, count):
         weighted, count = total.tolist()
         return weighted / count if count else float("nan")
     return value if count else float("nan")
+
+
+def exit_with_launcher(environ=None):
+    """Under torchrun, make this worker die with its launcher. Returns True when armed.
+
+    torchrun starts each worker in a session of its own, so killing the launcher's process group
+    (Ctrl-C on a wrapper, `kill -9` of a Snakemake run, a batch system reclaiming the job) leaves the
+    workers running: they keep training and writing checkpoints into the model folder while the rerun
+    trains there too. PR_SET_PDEATHSIG (Linux) makes the kernel SIGKILL this process when the launcher
+    (its parent) exits; a worker whose launcher is already gone stops at once. Checkpoints are written
+    atomically, so a killed worker leaves at most a `.epoch_NNN.pt.*.tmp` behind.
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get("TORCHELASTIC_RUN_ID") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:  # the launcher died before the line above: nobody is left to report to
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def is_main_process():

@@ -30,6 +30,7 @@ def atomic_path(path):
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -48,6 +49,12 @@ def atomic_open(path, mode="w", encoding="utf-8"):
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_torch_save(obj, path):

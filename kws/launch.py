@@ -15,6 +15,7 @@ def train_launcher(gpus, processes, nodes=1, lock_dir="results/.gpu-locks"):
       (one lock file per id) and sets CUDA_VISIBLE_DEVICES, because Snakemake counts GPUs but never
       chooses which ones a job gets.
     - Several nodes (SLURM): one torchrun per node through srun, with c10d rendezvous on the first node.
+      `--overlap` lets this step share the allocation with the job step the SLURM executor runs us in.
     """
     # Bare `python`/`torchrun`: the workflow puts its own environment first on PATH, and the command
     # (a Snakemake param) then does not change from one machine or environment to another.
@@ -23,7 +24,7 @@ def train_launcher(gpus, processes, nodes=1, lock_dir="results/.gpu-locks"):
     if nodes > 1:
         head = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
         return (
-            f"srun --nodes {nodes} --ntasks-per-node 1 {torchrun}"
+            f"srun --overlap --nodes {nodes} --ntasks-per-node 1 {torchrun}"
             f" --nnodes {nodes} --nproc_per_node {per_node} --rdzv_backend c10d"
             f" --rdzv_endpoint {head}:{RDZV_PORT} --rdzv_id \"$SLURM_JOB_ID\""
         )
@@ -50,3 +51,13 @@ def check_gpu_budget(requests, budget):
                 else f"scoring asks for {wanted} GPU but `--resources gpu={budget}` grants {budget}; set score.gpu: 0"
             )
 
+
+
+def slurm_resources(gpus, nodes):
+    """SLURM submit settings of a training job (the executor plugin's resource names).
+
+    One node: `gpu` becomes `--gpus`. Several nodes: the same total, spread as `--gpus-per-node` with
+    one task per node, since one torchrun per node starts that node's workers.
+    """
+    extra = f"--ntasks-per-node=1 --gpus-per-node={gpus}" if gpus else "--ntasks-per-node=1"
+    return {"gpu": gpus * nodes, "nodes": nodes, "slurm_extra": extra if nodes > 1 else ""}

@@ -50,7 +50,7 @@ from kws import checkpoint as ckpt
 from kws.config import apply_overrides, load_model_config
 from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
 from kws.datalist import read_data_list
-from kws.distributed import barrier_or_fail, cleanup, init_distributed
+from kws.distributed import barrier_or_fail, cleanup, exit_with_launcher, init_distributed
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
 from kws.preflight import run_preflight
@@ -87,6 +87,11 @@ def build_parser():
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
     p.add_argument("--pin_memory", action="store_true", help="pinned host memory for batches")
     p.add_argument("--prefetch", type=int, default=2, help="batches prefetched per worker")
+    p.add_argument("--train_feature_cache", default=None,
+                   help="read training features from this kws.feature_cache folder (dither-0 fbank of "
+                        "--train_data) instead of extracting them; the fbank dither is then not applied")
+    p.add_argument("--cv_feature_cache", default=None,
+                   help="read CV features from this kws.feature_cache folder (of --cv_data)")
     p.add_argument("--cmvn_file", default=None, help="global_cmvn JSON (WeKws)")
     p.add_argument("--norm_var", action="store_true", help="normalise variance too (else mean only)")
     p.add_argument("--num_keywords", type=int, default=1, help="number of keywords (model outputs)")
@@ -432,7 +437,7 @@ def run_fingerprint(args, config, world_size):
     The data enters by content (data lists and CMVN statistics), so a regenerated corpus is never
     resumed into, even when its paths stay the same.
     """
-    return {
+    fingerprint = {
         "config": _comparable(config),
         "seed": args.seed,
         "world_size": world_size,
@@ -443,6 +448,9 @@ def run_fingerprint(args, config, world_size):
         "cv_data": _file_digest(args.cv_data),
         "cmvn": _file_digest(args.cmvn_file),
     }
+    if getattr(args, "train_feature_cache", None):
+        fingerprint["feature_cache"] = True  # no dither: a different run (key absent otherwise, as before)
+    return fingerprint
 
 
 def discard_run(model_dir):
@@ -488,6 +496,7 @@ def setup_logging(rank):
 
 def train(args):
     rank, local_rank, world_size, local_world = dist_env()
+    exit_with_launcher()  # no orphaned workers when torchrun (or Snakemake) is killed
     setup_logging(rank)
     if args.reverb_lmdb or args.noise_lmdb:
         raise KwsError("--reverb_lmdb/--noise_lmdb are not supported: augment the corpus instead")
@@ -544,9 +553,12 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
     train_items = read_data_list(args.train_data, num_keywords=args.num_keywords)
     cv_items = read_data_list(args.cv_data, num_keywords=args.num_keywords)
     run.train_set = KwsDataset(args.train_data, config["dataset_conf"], seed=args.seed, rank=rank,
-                               world_size=world_size, items=train_items)
+                               world_size=world_size, items=train_items, feature_cache=args.train_feature_cache)
     cv_set = KwsDataset(args.cv_data, cv_dataset_conf(config["dataset_conf"]), seed=args.seed, rank=rank,
-                        world_size=world_size, items=cv_items)
+                        world_size=world_size, items=cv_items, feature_cache=args.cv_feature_cache)
+    if args.train_feature_cache and rank == 0 and float(run.train_set.fbank_conf.get("dither", 0)) > 0:
+        log.info("training features from the cache %s: fbank dither %g is not applied (cached with dither 0)",
+                 args.train_feature_cache, float(run.train_set.fbank_conf["dither"]))
     pin = args.pin_memory and device.type == "cuda"
     run.train_loader = make_loader(run.train_set, args.num_workers, pin, args.prefetch)
     run.cv_loader = make_loader(cv_set, args.num_workers, pin, args.prefetch)

@@ -12,7 +12,11 @@ import yaml
 from workflow_utils import REPO, TINY_CONFIG, make_workdir, planned_jobs, snakemake, write_config
 
 DATA_JOBS = {"synthesize_corpus", "make_list"}
-TRAIN_ONWARD = {"train", "average_model", "score", "compute_det", "plot_det", "plot_training", "resolve_config"}
+# What follows each stage (resolve_config records the settings, so any setting change rewrites it;
+# the export embeds the DET operating thresholds, so it follows scoring).
+SCORING_ONWARD = {"compute_det", "plot_det", "export_model", "resolve_config"}
+AVERAGING_ONWARD = SCORING_ONWARD | {"average_model", "score"}
+TRAIN_ONWARD = AVERAGING_ONWARD | {"train", "plot_training"}
 
 
 def with_changes(**changes):
@@ -110,10 +114,10 @@ def test_second_run_has_nothing_to_do(completed_run):
 @pytest.mark.parametrize(
     "changes, expected",
     [
-        ({"det/window_shift": 40}, {"compute_det", "plot_det", "resolve_config"}),
-        ({"det/step": 0.02}, {"compute_det", "plot_det", "resolve_config"}),
-        ({"average/num": 1}, {"average_model", "score", "compute_det", "plot_det", "resolve_config"}),
-        ({"average/mode": "last"}, {"average_model", "score", "compute_det", "plot_det", "resolve_config"}),
+        ({"det/window_shift": 40}, SCORING_ONWARD),
+        ({"det/step": 0.02}, SCORING_ONWARD),
+        ({"average/num": 1}, AVERAGING_ONWARD),
+        ({"average/mode": "last"}, AVERAGING_ONWARD),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}}, TRAIN_ONWARD),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "optim_conf.lr": 0.01}}, TRAIN_ONWARD),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "model.hidden_dim": 24}}, TRAIN_ONWARD),
@@ -144,8 +148,8 @@ def test_a_changed_setting_reruns_exactly_its_stage_onward(completed_run, change
 @pytest.mark.parametrize(
     "script, expected",
     [
-        ("scripts/score.py", {"score", "compute_det", "plot_det"}),
-        ("scripts/compute_det.py", {"compute_det", "plot_det"}),
+        ("scripts/score.py", {"score", "compute_det", "plot_det", "export_model"}),
+        ("scripts/compute_det.py", {"compute_det", "plot_det", "export_model"}),
         ("scripts/train.py", TRAIN_ONWARD - {"resolve_config"}),
         ("scripts/compute_cmvn.py", TRAIN_ONWARD - {"resolve_config"} | {"compute_cmvn"}),
     ],
@@ -160,3 +164,33 @@ def test_an_edited_script_reruns_its_stage_onward(completed_run, script, expecte
         path.write_text(original)
     planned.pop("all", None)
     assert set(planned) == expected
+
+
+@pytest.mark.slow
+def test_smoke_run_trains_on_a_slice_without_touching_the_full_run(completed_run):
+    result = snakemake(completed_run, "-n", "--config", "smoke=True", "smoke_utterances=8")
+    planned = planned_jobs(result)
+    planned.pop("all", None)
+    assert planned == {"smoke_slice": 2, "train": 1, "plot_training": 1}
+    assert "--max_epoch 2" in result.stdout
+    assert "results/smoke/tiny/model" in result.stdout
+    assert "results/tiny/" not in result.stdout.replace("results/smoke/tiny/", "")
+
+
+@pytest.mark.slow
+def test_two_experiments_share_data_and_yield_a_comparison(tmp_path):
+    config = copy.deepcopy(TINY_CONFIG)
+    config["experiments"]["tiny_clip1"] = {
+        "model": "config/models/tiny.yaml",
+        "overrides": {"training_config.max_epoch": 1, "training_config.grad_clip": 1.0},
+        "processes": 1,
+    }
+    config["average"]["num"] = 1
+    make_workdir(tmp_path, config)
+    plan = planned_jobs(snakemake(tmp_path, "-n"))
+    assert plan["synthesize_corpus"] == 1 and plan["compute_cmvn"] == 1 and plan["train"] == 2
+    result = snakemake(tmp_path)
+    assert result.returncode == 0, result.stderr[-5000:]
+    table = (tmp_path / "results" / "comparison" / "metrics.md").read_text()
+    assert "tiny" in table and "tiny_clip1" in table
+    assert (tmp_path / "results" / "comparison" / "det.png").stat().st_size > 0

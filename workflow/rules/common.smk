@@ -9,13 +9,17 @@ from pathlib import Path
 from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.features import fbank_settings
-from kws.launch import check_gpu_budget, train_launcher
+from kws.launch import check_gpu_budget, slurm_resources, train_launcher
 
 REPO = Path(workflow.basedir).parent
 SCRIPTS = REPO / "scripts"
 RESULTS = config["results_dir"]
 CORPUS = config["corpus"]
 DATA = f"{RESULTS}/data/{CORPUS['name']}"
+# A smoke run (`--config smoke=true`) trains 1-2 epochs on a slice of the data to look at
+# the logs first; it shares corpus and CMVN but writes its experiments under results/smoke/.
+SMOKE = config["smoke"]
+OUT = f"{RESULTS}/smoke" if SMOKE else RESULTS
 SPLITS = ["train", "dev", "test"]
 EXPERIMENTS = sorted(config["experiments"])
 
@@ -102,7 +106,13 @@ def cmvn_file(exp):
 
 
 def train_gpus(exp):
-    return experiment(exp)["gpus"]
+    """All GPUs of a training job (every node's)."""
+    return slurm_train(exp)["gpu"]
+
+
+def slurm_train(exp):
+    e = experiment(exp)
+    return slurm_resources(e["gpus"], e["nodes"])
 
 
 def train_processes(exp):
@@ -138,17 +148,29 @@ except KwsError as err:
 
 
 def all_targets():
+    if SMOKE:
+        return [f"{OUT}/{exp}/training.png" for exp in EXPERIMENTS]
     targets = []
     for exp in EXPERIMENTS:
         targets += [
-            f"{RESULTS}/{exp}/metrics.json",
-            f"{RESULTS}/{exp}/det.png",
-            f"{RESULTS}/{exp}/training.png",
-            f"{RESULTS}/{exp}/config.yaml",
+            f"{OUT}/{exp}/metrics.json",
+            f"{OUT}/{exp}/det.png",
+            f"{OUT}/{exp}/training.png",
+            f"{OUT}/{exp}/config.yaml",
+            f"{OUT}/{exp}/export/model.onnx",
         ]
     if len(EXPERIMENTS) > 1:
-        targets += [f"{RESULTS}/comparison/det.png", f"{RESULTS}/comparison/metrics.md"]
+        targets += [f"{OUT}/comparison/det.png", f"{OUT}/comparison/metrics.md"]
     return targets
+
+
+def training_list(split):
+    """The data list training reads: the whole split, or in a smoke run its slice."""
+    return (
+        f"{OUT}/data/{split}/data.list"
+        if SMOKE
+        else f"{DATA}/{split}/data.list"
+    )
 
 
 envvars:

@@ -3,15 +3,15 @@
 
 rule average_model:
     input:
-        final=f"{RESULTS}/{{exp}}/model/final.yaml",
+        final=f"{OUT}/{{exp}}/model/final.yaml",
         script=script("average_model.py"),
         code=code("kws/average.py"),
     output:
-        f"{RESULTS}/{{exp}}/avg.pt",
+        f"{OUT}/{{exp}}/avg.pt",
     log:
-        f"{RESULTS}/logs/average_model.{{exp}}.log",
+        f"{OUT}/logs/average_model.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/average_model.{{exp}}.tsv"
+        f"{OUT}/benchmarks/average_model.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     params:
@@ -24,17 +24,17 @@ rule average_model:
 
 rule score:
     input:
-        model=f"{RESULTS}/{{exp}}/avg.pt",
+        model=f"{OUT}/{{exp}}/avg.pt",
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
         script=script("score.py"),
         code=code("kws/score.py", "kws/features.py", "kws/checkpoint.py", *MODEL_CODE),
     output:
-        f"{RESULTS}/{{exp}}/score.txt",
+        f"{OUT}/{{exp}}/score.txt",
     log:
-        f"{RESULTS}/logs/score.{{exp}}.log",
+        f"{OUT}/logs/score.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/score.{{exp}}.tsv"
+        f"{OUT}/benchmarks/score.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     threads: 2
@@ -43,7 +43,7 @@ rule score:
     params:
         args=score_args(),
         launcher=(
-            f"python -m kws.gpu --gpus 1 --lock-dir {RESULTS}/.gpu-locks --"
+            f"python -m kws.gpu --gpus 1 --lock-dir {OUT}/.gpu-locks --"
             if config["score"]["gpu"]
             else ""
         ),
@@ -54,30 +54,28 @@ rule score:
 
 rule compute_det:
     input:
-        score=f"{RESULTS}/{{exp}}/score.txt",
+        score=f"{OUT}/{{exp}}/score.txt",
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
         script=script("compute_det.py"),
         code=code("kws/det.py"),
     output:
         metrics=report(
-            f"{RESULTS}/{{exp}}/metrics.json",
+            f"{OUT}/{{exp}}/metrics.json",
             caption="../report/metrics.rst",
             category="Metrics",
         ),
         table=report(
-            f"{RESULTS}/{{exp}}/metrics.tsv",
+            f"{OUT}/{{exp}}/metrics.tsv",
             caption="../report/metrics.rst",
             category="Metrics",
         ),
-        markdown=f"{RESULTS}/{{exp}}/metrics.md",
-        stats=expand(
-            f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()
-        ),
+        markdown=f"{OUT}/{{exp}}/metrics.md",
+        stats=expand(f"{OUT}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
     log:
-        f"{RESULTS}/logs/compute_det.{{exp}}.log",
+        f"{OUT}/logs/compute_det.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/compute_det.{{exp}}.tsv"
+        f"{OUT}/benchmarks/compute_det.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     params:
@@ -90,21 +88,19 @@ rule compute_det:
 
 rule plot_det:
     input:
-        stats=expand(
-            f"{RESULTS}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()
-        ),
+        stats=expand(f"{OUT}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
         script=script("plot_det.py"),
         code=code("kws/plots.py"),
     output:
         report(
-            f"{RESULTS}/{{exp}}/det.png",
+            f"{OUT}/{{exp}}/det.png",
             caption="../report/det.rst",
             category="DET curves",
         ),
     log:
-        f"{RESULTS}/logs/plot_det.{{exp}}.log",
+        f"{OUT}/logs/plot_det.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/plot_det.{{exp}}.tsv"
+        f"{OUT}/benchmarks/plot_det.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     params:
@@ -116,19 +112,19 @@ rule plot_det:
 
 rule plot_training:
     input:
-        final=f"{RESULTS}/{{exp}}/model/final.yaml",
+        final=f"{OUT}/{{exp}}/model/final.yaml",
         script=script("plot_training.py"),
         code=code("kws/plots.py"),
     output:
         report(
-            f"{RESULTS}/{{exp}}/training.png",
+            f"{OUT}/{{exp}}/training.png",
             caption="../report/training.rst",
             category="Training",
         ),
     log:
-        f"{RESULTS}/logs/plot_training.{{exp}}.log",
+        f"{OUT}/logs/plot_training.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/plot_training.{{exp}}.tsv"
+        f"{OUT}/benchmarks/plot_training.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     params:
@@ -139,9 +135,9 @@ rule plot_training:
 
 rule compare_experiments:
     input:
-        metrics=expand(f"{RESULTS}/{{exp}}/metrics.json", exp=EXPERIMENTS),
+        metrics=expand(f"{OUT}/{{exp}}/metrics.json", exp=EXPERIMENTS),
         stats=expand(
-            f"{RESULTS}/{{exp}}/det/stats.{{keyword}}.txt",
+            f"{OUT}/{{exp}}/det/stats.{{keyword}}.txt",
             exp=EXPERIMENTS,
             keyword=keywords(),
         ),
@@ -150,20 +146,20 @@ rule compare_experiments:
         code=code("kws/det.py", "kws/plots.py"),
     output:
         plot=report(
-            f"{RESULTS}/comparison/det.png",
+            f"{OUT}/comparison/det.png",
             caption="../report/det.rst",
             category="Comparison",
         ),
-        markdown=f"{RESULTS}/comparison/metrics.md",
+        markdown=f"{OUT}/comparison/metrics.md",
         table=report(
-            f"{RESULTS}/comparison/metrics.tsv",
+            f"{OUT}/comparison/metrics.tsv",
             caption="../report/metrics.rst",
             category="Comparison",
         ),
     log:
-        f"{RESULTS}/logs/compare_experiments.log",
+        f"{OUT}/logs/compare_experiments.log",
     benchmark:
-        f"{RESULTS}/benchmarks/compare_experiments.tsv"
+        f"{OUT}/benchmarks/compare_experiments.tsv"
     conda:
         "../../environment.yml"
     params:

@@ -3,8 +3,8 @@
 
 rule train:
     input:
-        train=f"{DATA}/train/data.list",
-        cv=f"{DATA}/dev/data.list",
+        train=training_list("train"),
+        cv=training_list("dev"),
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),
         model_config=lambda wildcards: model_config_path(wildcards.exp),
         script=script("train.py"),
@@ -17,16 +17,18 @@ rule train:
             *MODEL_CODE,
         ),
     output:
-        f"{RESULTS}/{{exp}}/model/final.yaml",
+        f"{OUT}/{{exp}}/model/final.yaml",
     log:
-        f"{RESULTS}/logs/train.{{exp}}.log",
+        f"{OUT}/logs/train.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/train.{{exp}}.tsv"
+        f"{OUT}/benchmarks/train.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     threads: lambda wildcards: max(1, train_processes(wildcards.exp))
     resources:
         gpu=lambda wildcards: train_gpus(wildcards.exp),
+        nodes=lambda wildcards: slurm_train(wildcards.exp)["nodes"],
+        slurm_extra=lambda wildcards: slurm_train(wildcards.exp)["slurm_extra"],
         mem_mb=lambda wildcards: 4000 * max(1, train_processes(wildcards.exp)),
         # A resource, not a param: the timeout does not change the model, so it must not retrain it.
         timeout_s=config["train"]["timeout_s"],
@@ -47,14 +49,14 @@ rule resolve_config:
         code=code("kws/config.py"),
     output:
         report(
-            f"{RESULTS}/{{exp}}/config.yaml",
+            f"{OUT}/{{exp}}/config.yaml",
             caption="../report/config.rst",
             category="Configuration",
         ),
     log:
-        f"{RESULTS}/logs/resolve_config.{{exp}}.log",
+        f"{OUT}/logs/resolve_config.{{exp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/resolve_config.{{exp}}.tsv"
+        f"{OUT}/benchmarks/resolve_config.{{exp}}.tsv"
     conda:
         "../../environment.yml"
     params:
@@ -67,3 +69,22 @@ rule resolve_config:
     shell:
         "python {input.script} --model-config {input.model_config} --experiment {params.experiment:q}"
         " --pipeline {params.pipeline:q} --out {output} > {log} 2>&1"
+
+
+rule smoke_slice:
+    input:
+        data_list=f"{DATA}/{{split}}/data.list",
+        script=script("slice_list.py"),
+        code=code("kws/datalist.py"),
+    output:
+        f"{RESULTS}/smoke/data/{{split}}/data.list",
+    log:
+        f"{RESULTS}/smoke/logs/smoke_slice.{{split}}.log",
+    benchmark:
+        f"{RESULTS}/smoke/benchmarks/smoke_slice.{{split}}.tsv"
+    conda:
+        "../../environment.yml"
+    params:
+        args=f"--utterances {config['smoke_utterances']}",
+    shell:
+        "python {input.script} --data-list {input.data_list} {params.args} --out {output} > {log} 2>&1"

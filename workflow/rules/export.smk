@@ -1,0 +1,26 @@
+# Export for streaming inference: ONNX and TorchScript with the cache, checked against PyTorch.
+
+
+rule export_model:
+    input:
+        model=f"{OUT}/{{exp}}/avg.pt",
+        metrics=f"{OUT}/{{exp}}/metrics.json",
+        test=f"{DATA}/test/data.list",
+        words=f"{DATA}/dict/words.txt",
+        script=script("export_model.py"),
+        code=code("kws/export.py", "kws/features.py", "kws/checkpoint.py", *MODEL_CODE),
+    output:
+        onnx=f"{OUT}/{{exp}}/export/model.onnx",
+        torchscript=f"{OUT}/{{exp}}/export/model.pt",
+        summary=f"{OUT}/{{exp}}/export/export.json",
+    log:
+        f"{OUT}/logs/export_model.{{exp}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/export_model.{{exp}}.tsv"
+    conda:
+        "../../environment.yml"
+    params:
+        out_dir=lambda wildcards, output: Path(output.onnx).parent,
+    shell:
+        "python {input.script} --checkpoint {input.model} --dict {input.words} --metrics {input.metrics}"
+        " --test-data {input.test} --out-dir {params.out_dir} > {log} 2>&1"
