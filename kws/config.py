@@ -44,12 +44,25 @@ def apply_overrides(conf, overrides, source="overrides"):
     return result
 
 
+# Keys of a model config's `model:` section. WeKws configs also carry input_dim/output_dim/activation;
+# kwsflow records its CMVN settings under `cmvn`.
+MODEL_KEYS = {"hidden_dim", "preprocessing", "backbone", "classifier", "activation", "input_dim", "output_dim", "cmvn"}
+
+
+def check_model_keys(model_conf, source="model"):
+    """A misspelt key (model.hiden_dim) would otherwise be ignored and the default trained silently."""
+    unknown = sorted(set(model_conf) - MODEL_KEYS)
+    if unknown:
+        raise KwsError(f"{source}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(MODEL_KEYS))})")
+
+
 def load_model_config(path, overrides=None):
     """A WeKws-style model config with overrides applied and the sections the pipeline needs checked."""
     conf = apply_overrides(load_yaml(path), overrides, source=str(path))
     for section in ("dataset_conf", "model", "training_config"):
         if not isinstance(conf.get(section), dict):
             raise KwsError(f"{path}: missing section {section!r}")
+    check_model_keys(conf["model"], source=f"{path}: model")
     return conf
 
 

@@ -310,11 +310,11 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     items = read_data_list(data_list_path, num_keywords=len(tokens))
     scores = read_scores(score_path, dictionary)
     thresholds = thresholds_for(step)
-    out_dir = ensure_dir(out_dir)
-    stats_dir = ensure_dir(Path(stats_dir) if stats_dir is not None else out_dir / "det")
+    out_dir = Path(out_dir)
+    stats_dir = Path(stats_dir) if stats_dir is not None else out_dir / "det"
     if experiment is None:
         experiment = Path(out_dir).resolve().name
-    keywords = {}
+    keywords, curves = {}, []
     for index, token in enumerate(tokens):
         table = scores[token]
         missing = [item["key"] for item in items if item["key"] not in table]
@@ -339,13 +339,18 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
             raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
         curve = det_curve(positives, [table[item["key"]] for item in fillers], filler_seconds,
                           thresholds, window_shift)
-        write_stats(stats_dir / stats_name(token), curve)
+        curves.append((token, curve))
         summary = summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets)
         summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
         if summary["name"] in keywords:
             raise KwsError(f"{dict_path}: keywords {keywords[summary['name']]['token']} and {token} "
                            f"share the file name {stats_name(token)}")
         keywords[summary["name"]] = summary
+    # Every keyword checked before anything is written: a bad keyword leaves no other's stats behind.
+    ensure_dir(out_dir)
+    ensure_dir(stats_dir)
+    for token, curve in curves:
+        write_stats(stats_dir / stats_name(token), curve)
     metrics = {
         "experiment": experiment,
         "score": str(score_path),

@@ -26,6 +26,55 @@ def _check(logits, lengths, targets):
     return lengths.clamp(1, max(frames, 1)), targets
 
 
+class _PooledLogitsCPU(torch.autograd.Function):
+    """pooled_logits on CPU in one autograd node: zmax [B, K] from logits [B, T, K].
+
+    The plain vectorised form (a masked copy of the logits through masked_fill with a broadcast
+    [B, T, 1] mask, then amax, plus a gather for the target window) is slow on CPU: the broadcast
+    masked_fill alone costs ~15x a plain reduction, and autograd then adds several full-size passes.
+    Here the forward reduces each utterance's contiguous [length, K] slice in place (no copy) and the
+    backward makes one [B, T, K] gradient, zero except at each maximum's frame (torch.max's choice on
+    ties, as its own gradient), found within the valid frames (the target keyword's: within its window).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, lengths, start, targets):
+        batch, frames, num_keywords = logits.shape
+        values = logits.new_empty(batch, num_keywords)
+        frame = torch.empty(batch, num_keywords, dtype=torch.int64)
+        for b, length in enumerate(lengths.tolist()):
+            torch.max(logits[b, :length], dim=0, out=(values[b], frame[b]))
+        t = torch.arange(frames).unsqueeze(0)
+        window = (t < lengths.unsqueeze(1)) & (t >= start.unsqueeze(1))         # [B, T]
+        rows = (targets >= 0).nonzero().squeeze(1)
+        cols = targets[rows]
+        target_logits = logits[rows, :, cols].masked_fill(~window[rows], float("-inf"))  # [R, T]
+        ztarget, target_frame = target_logits.max(dim=1)
+        values[rows, cols] = ztarget
+        frame[rows, cols] = target_frame
+        ctx.save_for_backward(frame)
+        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        return values
+
+    @staticmethod
+    def backward(ctx, grad):
+        (frame,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.shape, dtype=ctx.dtype)
+        out.scatter_(1, frame.unsqueeze(1), grad.unsqueeze(1).to(ctx.dtype))
+        return out, None, None, None
+
+
+def _pooled_logits_cpu(logits, lengths, targets, min_duration):
+    """pooled_logits for CPU tensors with several keywords (see _PooledLogitsCPU)."""
+    num_keywords = logits.shape[2]
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)),
+                        torch.zeros_like(lengths))
+    zmax = _PooledLogitsCPU.apply(logits, lengths, start, targets).to(dtype)
+    is_target = targets.unsqueeze(1) == torch.arange(num_keywords).unsqueeze(0)
+    return zmax, is_target
+
+
 def pooled_logits(logits, lengths, targets, min_duration=0):
     """Per-utterance, per-keyword max logit [B, K] over the frames that count for it, and the target mask.
 
@@ -35,6 +84,8 @@ def pooled_logits(logits, lengths, targets, min_duration=0):
     Returns (zmax [B, K] in at least float32, is_target [B, K] bool).
     """
     lengths, targets = _check(logits, lengths, targets)
+    if logits.device.type == "cpu" and logits.shape[0] > 0 and logits.shape[1] > 0 and logits.shape[2] >= 8:
+        return _pooled_logits_cpu(logits, lengths, targets, min_duration)
     batch, frames, num_keywords = logits.shape
     t = torch.arange(frames, device=logits.device).unsqueeze(0)                # [1, T]
     valid = t < lengths.unsqueeze(1)                                            # [B, T]

@@ -212,6 +212,24 @@ class Dist:
         return box[0]
 
 
+def make_optimizer(model, optim_conf, source):
+    """Adam with optim_conf's settings; a mistyped value is a KwsError naming the key, not a TypeError."""
+    optim_conf = dict(optim_conf or {})
+    for key in ("lr", "weight_decay", "eps"):
+        value = optim_conf.get(key)
+        if isinstance(value, str):  # YAML 1.1 (PyYAML) reads `lr: 1e-3` as the string '1e-3'
+            try:
+                value = optim_conf[key] = float(value)
+            except ValueError:
+                pass
+        if key in optim_conf and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise KwsError(f"{source}: optim_conf.{key} must be a number, got {value!r}")
+    try:
+        return torch.optim.Adam(model.parameters(), **optim_conf)
+    except (TypeError, ValueError) as err:
+        raise KwsError(f"{source}: optim_conf {optim_conf} is not valid for Adam ({err})") from None
+
+
 # -- the steps ------------------------------------------------------------------------------------
 
 def optimizer_step(model, optimizer, grad_clip):
@@ -573,13 +591,19 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
         except json.JSONDecodeError as err:
             raise KwsError(f"{args.cmvn_file}:{err.lineno}: malformed JSON ({err.msg})") from None
 
+    if cmvn is not None and isinstance(cmvn, dict) and isinstance(cmvn.get("mean_stat"), list) \
+            and len(cmvn["mean_stat"]) != run.input_dim:
+        raise KwsError(f"{args.cmvn_file}: statistics are {len(cmvn['mean_stat'])}-dimensional but the features "
+                       f"are {run.input_dim}-dimensional (dataset_conf.fbank_conf.num_mel_bins of {args.config}); "
+                       f"recompute the CMVN file")
+
     seed_everything(args.seed)
     model = build_model(config["model"], run.input_dim, args.num_keywords, cmvn)
     if cmvn is not None and not args.norm_var:
         with torch.no_grad():
             model.global_cmvn.istd.fill_(1.0)  # WeKws without --norm_var: subtract the mean only
     model.to(device)
-    optimizer = torch.optim.Adam(model.parameters(), **config["optim_conf"])
+    optimizer = make_optimizer(model, config.get("optim_conf"), args.config)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
     # Resume: rank 0 picks the checkpoint, every rank loads that one. Only a checkpoint of the same

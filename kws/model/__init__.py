@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from kws.config import check_model_keys
 from kws.errors import KwsError
 from kws.model.backbones import GRU, MDTC, TCN
 from kws.model.classifier import LinearClassifier
@@ -94,6 +95,7 @@ def build_model(model_conf, input_dim, num_keywords, cmvn=None):
         raise KwsError(f"input_dim must be positive, got {input_dim}")
     if num_keywords < 1:
         raise KwsError(f"num_keywords must be positive, got {num_keywords}")
+    check_model_keys(model_conf)
     hidden_dim = _positive_int(model_conf, "hidden_dim", "model")
 
     global_cmvn = GlobalCMVN(input_dim, cmvn)

@@ -199,6 +199,8 @@ def train_args(exp):
         f"--min_duration {t['min_duration']}",
         f"--ddp.dist_backend {t['dist_backend']}",
     ]
+    if t["feature_cache"]:  # workflow/rules/features.smk; absent when off, so old runs are not retrained
+        args.append(feature_cache_args(exp))
     args += [
         f"--override {shlex.quote(f'{key}={json.dumps(value)}')}"
         for key, value in sorted(overrides.items())

@@ -3,6 +3,7 @@
 
 rule train:
     input:
+        unpack(feature_cache_inputs),
         train=training_list("train"),
         cv=training_list("dev"),
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),

@@ -1,0 +1,47 @@
+# Feature cache (config train.feature_cache): each split's fbank computed once per feature setting into a
+# memory-mapped array (kws.feature_cache), so training epochs read features instead of decoding and
+# extracting them. Cached with dither 0: training from the cache does not apply the fbank dither.
+
+
+rule cache_features:
+    input:
+        data_list=f"{DATA}/{{split}}/data.list",
+        code=code(
+            "kws/feature_cache.py", "kws/features.py", "kws/audio.py", "kws/datalist.py"
+        ),
+    output:
+        directory(f"{RESULTS}/features/{{feat}}/{{split}}"),
+    log:
+        f"{RESULTS}/logs/cache_features.{{feat}}.{{split}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/cache_features.{{feat}}.{{split}}.tsv"
+    conda:
+        "../../environment.yml"
+    threads: 2
+    params:
+        fbank=lambda wildcards: json.dumps(FEATURES[wildcards.feat], sort_keys=True),
+    shell:
+        "python -m kws.feature_cache --data-list {input.data_list} --fbank-json {params.fbank:q}"
+        " --threads {threads} --out {output} > {log} 2>&1"
+
+
+def feature_cache_dirs(exp):
+    """The train and dev caches an experiment trains from ({} when train.feature_cache is off)."""
+    if not config["train"]["feature_cache"]:
+        return {}
+    tag = feature_tag(exp)
+    return {
+        "train_cache": f"{RESULTS}/features/{tag}/train",
+        "cv_cache": f"{RESULTS}/features/{tag}/dev",
+    }
+
+
+def feature_cache_inputs(wildcards):
+    return feature_cache_dirs(wildcards.exp)
+
+
+def feature_cache_args(exp):
+    dirs = feature_cache_dirs(exp)
+    if not dirs:
+        return ""
+    return f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
