@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from kws.audio import SAMPLE_RATE, read_wav
-from kws.datalist import read_data_list
+from kws.datalist import read_data_list, read_text
 from kws.errors import KwsError
 from kws.features import compute_fbank, fbank_settings
 from kws.fileio import atomic_open
@@ -118,14 +118,7 @@ def check_cmvn(stats, source="global_cmvn"):
 def read_cmvn(path):
     """Load and validate a global_cmvn JSON file -> dict."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise KwsError(f"{path}: CMVN file not found") from None
-    except UnicodeDecodeError as err:
-        raise KwsError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise KwsError(f"{path}: cannot read ({err.strerror})") from None
+    text = read_text(path, "CMVN file")
     try:
         stats = json.loads(text)
     except json.JSONDecodeError as err:

@@ -12,21 +12,25 @@ FILLER = -1
 REQUIRED_FIELDS = ("key", "txt", "duration", "wav")
 
 
-def _open_lines(path):
+def read_text(path, what="file"):
+    """A UTF-8 text file's content; a one-line KwsError naming it when missing or unreadable."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise KwsError(f"{path}: file not found") from None
+        raise KwsError(f"{path}: {what} not found") from None
     except UnicodeDecodeError as err:
         raise KwsError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except OSError as err:
         raise KwsError(f"{path}: cannot read ({err.strerror})") from None
-    return text.splitlines()
 
 
-def read_kaldi_map(path):
-    """Read a Kaldi two-column file (`wav.scp`, `text`, `wav.dur`): key -> rest of line, in file order."""
+def _open_lines(path):
+    return read_text(path).splitlines()
+
+
+def read_numbered_map(path):
+    """A Kaldi two-column file as key -> (line number, value), in file order."""
     table = {}
     for number, line in enumerate(_open_lines(path), start=1):
         if not line.strip():
@@ -36,9 +40,14 @@ def read_kaldi_map(path):
             raise KwsError(f"{path}:{number}: expected `<key> <value>`, got {line.strip()[:60]!r}")
         key, value = parts
         if key in table:
-            raise KwsError(f"{path}:{number}: duplicate key {key!r}")
-        table[key] = value.strip()
+            raise KwsError(f"{path}:{number}: duplicate key {key!r} (first on line {table[key][0]})")
+        table[key] = (number, value.strip())
     return table
+
+
+def read_kaldi_map(path):
+    """Read a Kaldi two-column file (`wav.scp`, `text`, `wav.dur`): key -> rest of line, in file order."""
+    return {key: value for key, (_, value) in read_numbered_map(path).items()}
 
 
 def read_dictionary(path):

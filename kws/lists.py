@@ -9,25 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kws.audio import SAMPLE_RATE, wav_info
-from kws.datalist import _open_lines, read_dictionary, write_data_list
+from kws.datalist import read_dictionary, read_numbered_map, write_data_list
 from kws.errors import KwsError
 from kws.fileio import atomic_open
-
-
-def read_numbered_map(path):
-    """A Kaldi two-column file as key -> (line number, value), in file order (errors like read_kaldi_map)."""
-    table = {}
-    for number, line in enumerate(_open_lines(path), start=1):
-        if not line.strip():
-            continue
-        parts = line.strip().split(maxsplit=1)
-        if len(parts) != 2:
-            raise KwsError(f"{path}:{number}: expected `<key> <value>`, got {line.strip()[:60]!r}")
-        key, value = parts
-        if key in table:
-            raise KwsError(f"{path}:{number}: duplicate key {key!r} (first on line {table[key][0]})")
-        table[key] = (number, value.strip())
-    return table
 
 
 def default_threads():
