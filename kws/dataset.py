@@ -251,13 +251,26 @@ class KwsDataset(IterableDataset):
         return self._batched(self._shuffled(self.samples()))
 
 
+def _worker_context():
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "kws.dataset"])
+    return context
+
+
 def make_loader(dataset, num_workers=0, pin_memory=False, prefetch=None):
     """A DataLoader over a KwsDataset (batches come from the dataset; workers are not persistent so
     `set_epoch` reaches them)."""
     from torch.utils.data import DataLoader
 
     kwargs = {}
-    if num_workers > 0 and prefetch:
-        kwargs["prefetch_factor"] = int(prefetch)
+    if num_workers > 0:
+        # Workers come from a forkserver, not a fork of this process: training runs gloo/NCCL, TensorBoard
+        # and intra-op threads, and forking a threaded process can deadlock the child on a lock one of
+        # those threads held (seen here: a CV worker hung for good in the fork).
+        kwargs["multiprocessing_context"] = _worker_context()
+        if prefetch:
+            kwargs["prefetch_factor"] = int(prefetch)
     return DataLoader(dataset, batch_size=None, num_workers=int(num_workers), pin_memory=pin_memory,
                       persistent_workers=False, **kwargs)
