@@ -265,7 +265,7 @@ def median_epoch(runs, *a, **k):
 
 def bench_epoch(table, args, corpus, caches, tmp):
     base = {}
-    for processes in (1, 2):
+    for processes in args.epoch_processes:
         for label, cache in (("on-the-fly fbank", None), ("feature cache", caches)):
             seconds, rate = median_epoch(args.runs, corpus, Path(tmp) / "epoch", processes, 1, 1, cache)
             key = (processes, label)
@@ -382,9 +382,31 @@ def bench_score(table, args, corpus, tmp):
 
 # -- results.md -----------------------------------------------------------------------------------
 
-def write_results(table, header, commands):
+def previous_rows(text, sections):
+    """Table rows of the existing section whose benchmark was not run this time (kept, marked)."""
+    match = re.search(re.escape(SECTION) + r"\n(.*?)(?=\n## |\Z)", text, re.S)
+    kept = []
+    for line in (match.group(1).splitlines() if match else []):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] not in ("section",) and not set(cells[0]) <= set("-"):
+            name = cells[0].split()[-1]
+            if name not in sections and not (name == "cache" and set(sections) & {"loader", "epoch", "threads"}):
+                if "(earlier run)" not in cells[7]:
+                    cells[7] = (cells[7] + " (earlier run)").strip()
+                kept.append(cells)
+    return kept
+
+
+def write_results(table, header, commands, sections):
     path = ROOT / "bench" / "results.md"
     text = path.read_text(encoding="utf-8") if path.is_file() else "# kwsflow benchmarks\n"
+    kept = previous_rows(text, sections)
+    if kept:
+        table.rows = kept + table.rows
+        header += " Rows marked (earlier run) come from an earlier invocation and were kept."
+        match = re.search(re.escape(SECTION) + r"\n.*?\nCommands: (.*?)\n", text, re.S)
+        if match and commands not in match.group(1):
+            commands = f"{match.group(1).replace(' (this run)', '')}, then {commands} (this run)"
     body = f"{SECTION}\n\n{header}\n\nCommands: {commands}\n\n{table.markdown()}\n"
     pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
     if pattern.search(text):
@@ -402,6 +424,7 @@ def main():
     p.add_argument("--only", default=",".join(ALL), help=f"comma-separated sections ({','.join(ALL)})")
     p.add_argument("--runs", type=int, default=None, help="repetitions per figure (default 3, quick 1)")
     p.add_argument("--corpus", default=None, help="corpus folder (default: results/data/synthetic, else small)")
+    p.add_argument("--epoch-processes", type=int, nargs="+", default=[1, 2], help="torchrun processes (epoch)")
     p.add_argument("--no-write", action="store_true", help="print only, leave bench/results.md alone")
     args = p.parse_args()
     args.runs = args.runs or (1 if args.quick else 3)
@@ -418,6 +441,13 @@ def main():
               f"run(s) per figure unless noted. Measured {datetime.datetime.now():%Y-%m-%d %H:%M}, load average "
               f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} over {os.cpu_count()} CPUs (a shared, noisy machine: "
               f"compare ratios measured in the same run).")
+    from kws.config import load_model_config
+
+    model_conf = load_model_config(MODEL)
+    header += (f" Default model {MODEL.name} as measured: batch_size "
+               f"{model_conf['dataset_conf']['batch_conf'].get('batch_size')}, hidden_dim "
+               f"{model_conf['model']['hidden_dim']}, backbone dropout "
+               f"{model_conf['model']['backbone'].get('dropout')}.")
     table = Table()
     print(header)
     with tempfile.TemporaryDirectory(prefix="kwsbench.") as tmp:
@@ -447,7 +477,9 @@ def main():
                 raise SystemExit(f"unknown section {name!r} ({', '.join(ALL)})")
     print(table.markdown())
     if not args.no_write:
-        write_results(table, header, f"`python bench/run.py {' '.join(sys.argv[1:])}`".replace(" `", "`"))
+        write_results(table, header, f"`python bench/run.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+                      [{"loss": "loss", "loader": "loader", "epoch": "epoch", "threads": "threads",
+                        "pipeline": "pipeline", "score": "score"}[x] for x in sections])
     return 0
 
 

@@ -132,7 +132,8 @@ def build_cache(data_list, out_dir, fbank_conf=None, threads=1, dtype="float32",
         feats.flush()
         del feats
         np.save(tmp / "offsets.npy", offsets)
-        meta = {"format": FORMAT, "version": VERSION, "keys": keys, "fbank_conf": settings, "dtype": dtype,
+        meta = {"format": FORMAT, "version": VERSION, "keys": keys, "wavs": [str(item["wav"]) for item in items],
+                "fbank_conf": settings, "dtype": dtype,
                 "dim": dim, "num_frames": int(offsets[-1]), "data_list": str(data_list),
                 "data_list_sha256": file_digest(data_list) if data_list.is_file() else None}
         with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
@@ -201,10 +202,20 @@ class FeatureCache:
         if fbank_conf is not None and _settings(fbank_conf) != meta.get("fbank_conf"):
             raise KwsError(f"{self.path}: feature cache was built with fbank settings {meta.get('fbank_conf')}, "
                            f"this run uses {_settings(fbank_conf)}; rebuild it")
-        if data_list is not None and meta.get("data_list_sha256") is not None and Path(data_list).is_file():
-            if file_digest(data_list) != meta["data_list_sha256"]:
-                raise KwsError(f"{self.path}: feature cache is stale: {data_list} changed since it was built "
-                               f"(from {meta.get('data_list')}); rebuild it")
+        stale = (data_list is not None and meta.get("data_list_sha256") is not None and Path(data_list).is_file()
+                 and file_digest(data_list) != meta["data_list_sha256"])
+        if stale and items is None:
+            raise KwsError(f"{self.path}: feature cache is stale: {data_list} changed since it was built "
+                           f"(from {meta.get('data_list')}); rebuild it")
+        if stale:
+            # Another list (e.g. a subset): fine when every utterance maps to the same wav as when cached.
+            wavs = meta.get("wavs") or []
+            for item in items:
+                i = self.row.get(item["key"])
+                if i is not None and (i >= len(wavs) or wavs[i] != str(item["wav"])):
+                    raise KwsError(f"{self.path}: feature cache is stale: {data_list} changed since it was built "
+                                   f"(from {meta.get('data_list')}; {item['key']} now reads {item['wav']}); "
+                                   f"rebuild it")
         if items is not None:
             missing = [item["key"] for item in items if item["key"] not in self.row]
             if missing:

@@ -123,6 +123,13 @@ def test_mismatched_cache_errors(corpus, tmp_path):
         FeatureCache(cache_dir, data_list=other_list)
     with pytest.raises(KwsError, match="no features for 5"):
         FeatureCache(cache_dir, items=other_items)
+    # A subset list of the same utterances is fine; the same keys on other wavs are stale.
+    subset = tmp_path / "subset.list"
+    subset.write_text("".join(json.dumps(item) + "\n" for item in items[:7]))
+    FeatureCache(cache_dir, data_list=subset, items=items[:7])
+    moved = [{**item, "wav": str(item["wav"]) + ".moved"} for item in items[:3]]
+    with pytest.raises(KwsError, match="stale"):
+        FeatureCache(cache_dir, data_list=subset, items=moved)
     # Dither does not matter (caches are dither 0).
     FeatureCache(cache_dir, fbank_conf={**FBANK, "dither": 1.0})
 

@@ -44,4 +44,10 @@ def feature_cache_args(exp):
     dirs = feature_cache_dirs(exp)
     if not dirs:
         return ""
-    return f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
+    # From the cache, loading is a memory copy plus SpecAugment: DataLoader worker processes cost more
+    # (started every epoch, batches pickled across) than they save; measured in bench/results.md
+    # ("threads" rows), so the loader runs in the training process (overrides train.num_workers).
+    return (
+        f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
+        " --num_workers 0"
+    )
