@@ -166,11 +166,7 @@ def all_targets():
 
 def training_list(split):
     """The data list training reads: the whole split, or in a smoke run its slice."""
-    return (
-        f"{OUT}/data/{split}/data.list"
-        if SMOKE
-        else f"{DATA}/{split}/data.list"
-    )
+    return f"{OUT}/data/{split}/data.list" if SMOKE else f"{DATA}/{split}/data.list"
 
 
 envvars:
@@ -199,7 +195,9 @@ def train_args(exp):
         f"--min_duration {t['min_duration']}",
         f"--ddp.dist_backend {t['dist_backend']}",
     ]
-    if t["feature_cache"]:  # workflow/rules/features.smk; absent when off, so old runs are not retrained
+    if t[
+        "feature_cache"
+    ]:  # workflow/rules/features.smk; absent when off, so old runs are not retrained
         args.append(feature_cache_args(exp))
     args += [
         f"--override {shlex.quote(f'{key}={json.dumps(value)}')}"
@@ -234,4 +232,32 @@ def recipe_args():
     words = " ".join(shlex.quote(w) for w in c["keywords"])
     return f"--corpus {c['name']} --root {shlex.quote(str(c['root']))}" + (
         f" --keywords {words}" if words else ""
+    )
+
+
+def feature_cache_dirs(exp):
+    """The train and dev caches an experiment trains from ({} when train.feature_cache is off)."""
+    if not config["train"]["feature_cache"]:
+        return {}
+    tag = feature_tag(exp)
+    return {
+        "train_cache": f"{RESULTS}/features/{tag}/train",
+        "cv_cache": f"{RESULTS}/features/{tag}/dev",
+    }
+
+
+def feature_cache_inputs(wildcards):
+    return feature_cache_dirs(wildcards.exp)
+
+
+def feature_cache_args(exp):
+    dirs = feature_cache_dirs(exp)
+    if not dirs:
+        return ""
+    # From the cache, loading is a memory copy plus SpecAugment: DataLoader worker processes cost more
+    # (started every epoch, batches pickled across) than they save; measured in bench/results.md
+    # ("threads" rows), so the loader runs in the training process (overrides train.num_workers).
+    return (
+        f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
+        " --num_workers 0"
     )

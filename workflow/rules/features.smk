@@ -7,7 +7,10 @@ rule cache_features:
     input:
         data_list=f"{DATA}/{{split}}/data.list",
         code=code(
-            "kws/feature_cache.py", "kws/features.py", "kws/audio.py", "kws/datalist.py"
+            "kws/feature_cache.py",
+            "kws/features.py",
+            "kws/audio.py",
+            "kws/datalist.py",
         ),
     output:
         directory(f"{RESULTS}/features/{{feat}}/{{split}}"),
@@ -23,31 +26,3 @@ rule cache_features:
     shell:
         "python -m kws.feature_cache --data-list {input.data_list} --fbank-json {params.fbank:q}"
         " --threads {threads} --out {output} > {log} 2>&1"
-
-
-def feature_cache_dirs(exp):
-    """The train and dev caches an experiment trains from ({} when train.feature_cache is off)."""
-    if not config["train"]["feature_cache"]:
-        return {}
-    tag = feature_tag(exp)
-    return {
-        "train_cache": f"{RESULTS}/features/{tag}/train",
-        "cv_cache": f"{RESULTS}/features/{tag}/dev",
-    }
-
-
-def feature_cache_inputs(wildcards):
-    return feature_cache_dirs(wildcards.exp)
-
-
-def feature_cache_args(exp):
-    dirs = feature_cache_dirs(exp)
-    if not dirs:
-        return ""
-    # From the cache, loading is a memory copy plus SpecAugment: DataLoader worker processes cost more
-    # (started every epoch, batches pickled across) than they save; measured in bench/results.md
-    # ("threads" rows), so the loader runs in the training process (overrides train.num_workers).
-    return (
-        f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
-        " --num_workers 0"
-    )
