@@ -22,18 +22,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_model  # noqa: E402
 SECTION = "## Streaming detector (bench/bench_detect.py)"
 CONFIGS = ("ds_tcn_small.yaml", "ds_tcn.yaml")
-
-
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def build(config_name, out_dir):

@@ -38,20 +38,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from machine import cpu_model  # noqa: E402
 SECTION = "## Training performance (bench/run.py)"
 MODEL = ROOT / "config" / "models" / "ds_tcn_small.yaml"
 FBANK = {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10}
 ALL = ("loss", "loader", "epoch", "threads", "pipeline", "score")
-
-
-def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def median_time(fn, runs, warmup=1):
