@@ -194,3 +194,12 @@ def test_two_experiments_share_data_and_yield_a_comparison(tmp_path):
     table = (tmp_path / "results" / "comparison" / "metrics.md").read_text()
     assert "tiny" in table and "tiny_clip1" in table
     assert (tmp_path / "results" / "comparison" / "det.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_report_gathers_plots_metrics_and_configs(completed_run):
+    result = snakemake(completed_run, "--report", "report.html")
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = (completed_run / "report.html").read_text(errors="replace")
+    for name in ("det.png", "training.png", "metrics.tsv", "config.yaml", "DET"):
+        assert name in html, name
