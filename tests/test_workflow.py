@@ -168,13 +168,14 @@ def test_an_edited_script_reruns_its_stage_onward(completed_run, script, expecte
 
 @pytest.mark.slow
 def test_smoke_run_trains_on_a_slice_without_touching_the_full_run(completed_run):
-    result = snakemake(completed_run, "-n", "--config", "smoke=True", "smoke_utterances=8")
+    result = snakemake(completed_run, "-n", "-p", "--config", "smoke=True", "smoke_utterances=8")
     planned = planned_jobs(result)
     planned.pop("all", None)
     assert planned == {"smoke_slice": 2, "train": 1, "plot_training": 1}
-    assert "--max_epoch 2" in result.stdout
-    assert "results/smoke/tiny/model" in result.stdout
-    assert "results/tiny/" not in result.stdout.replace("results/smoke/tiny/", "")
+    output = result.stdout + result.stderr
+    assert "--max_epoch 2" in output
+    assert "results/smoke/tiny/model" in output
+    assert "results/tiny/" not in output.replace("results/smoke/tiny/", "")
 
 
 @pytest.mark.slow

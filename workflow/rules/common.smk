@@ -195,10 +195,11 @@ def train_args(exp):
         f"--min_duration {t['min_duration']}",
         f"--ddp.dist_backend {t['dist_backend']}",
     ]
-    if t[
-        "feature_cache"
-    ]:  # workflow/rules/features.smk; absent when off, so old runs are not retrained
+    # Absent when off, so that runs without the feature cache are not retrained.
+    if t["feature_cache"]:
         args.append(feature_cache_args(exp))
+    if SMOKE:
+        args.append(f"--max_epoch {config['smoke_epochs']}")
     args += [
         f"--override {shlex.quote(f'{key}={json.dumps(value)}')}"
         for key, value in sorted(overrides.items())
