@@ -1,8 +1,5 @@
 """Kaldi-compatible fbank features: the one implementation used by CMVN, training, scoring and detection."""
 
-import torch
-import torchaudio.compliance.kaldi as kaldi
-
 DEFAULT_FBANK = {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10, "dither": 0.0}
 
 
@@ -19,6 +16,11 @@ def compute_fbank(samples, fbank_conf, dither=None, generator=None):
     Like WeKws, the waveform is scaled to the int16 range first. `dither` overrides the
     configured dither (0 for CMVN statistics and scoring).
     """
+    # Imported here, not at the top: the workflow reads fbank_settings at start-up, and importing
+    # torch costs every `snakemake` invocation 1.5 s.
+    import torch
+    import torchaudio.compliance.kaldi as kaldi
+
     conf = fbank_settings(fbank_conf)
     waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1) * (1 << 15)
     if waveform.shape[1] < int(16000 * conf["frame_length"] / 1000):
