@@ -91,6 +91,21 @@ def find_epochs(model_dir):
     return found
 
 
+def finished_epochs(model_dir):
+    """`find_epochs`, limited to the epochs the finished run lists in `final.yaml` when it exists.
+
+    A run retrained with a lower max_epoch leaves later epochs of an earlier run beside its own; they
+    must not enter the average.
+    """
+    epochs = find_epochs(model_dir)
+    final = Path(model_dir) / "final.yaml"
+    if final.is_file():
+        listed = _read_sidecar(final).get("epochs")
+        if isinstance(listed, list):
+            epochs = [entry for entry in epochs if entry["epoch"] in set(listed)]
+    return epochs
+
+
 def select_epochs(epochs, num, mode):
     """Choose `num` entries of `find_epochs` output; returned sorted by epoch."""
     if mode not in MODES:
@@ -192,7 +207,7 @@ def average_checkpoints(model_dir, num, mode="best", out=None):
     Returns the averaged payload. Checkpoints are read one at a time (running float64 sums), so
     memory stays at about two models whatever `num` is.
     """
-    chosen = select_epochs(find_epochs(model_dir), num, mode)
+    chosen = select_epochs(finished_epochs(model_dir), num, mode)
     acc = _Accumulator()
     meta = None
     for entry in chosen:

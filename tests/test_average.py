@@ -168,3 +168,12 @@ def test_average_real_model_loads(tmp_path):
         if value.is_floating_point():
             expected = ((states[1][key].double() + states[2][key].double()) / 2).to(value.dtype)
             assert torch.equal(value, expected), key
+
+
+def test_epochs_beyond_the_finished_run_are_not_averaged(model_dir):
+    """A run retrained with a lower max_epoch leaves an earlier run's later epochs beside its own."""
+    (model_dir / "final.yaml").write_text(yaml.safe_dump({"max_epoch": 3, "epochs": [1, 2, 3]}))
+    result = average_checkpoints(model_dir, 2, "best")
+    assert result["averaged_epochs"] == [2, 3]  # epoch 5 (cv 0.4) would beat epoch 2 (cv 0.5) otherwise
+    with pytest.raises(KwsError):
+        average_checkpoints(model_dir, 4, "best")
