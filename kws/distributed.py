@@ -208,7 +208,9 @@ def init_distributed(backend="auto", timeout_s=600, environ=None, use_cuda=None)
     _state.store, _state.prefix = store, prefix
     wait_for_ranks(store, rank, world_size, timeout_s, what="init_distributed", prefix=prefix)
     try:
-        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+        # The prefix carries torchrun's restart count: after a restart the agent's store still holds the
+        # dead group's addresses, and a rank reading those would connect to nobody.
+        dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/default_pg", store), rank=rank,
                                 world_size=world_size, timeout=_timedelta(timeout_s))
     except Exception as err:
         text = str(err).splitlines()[0] if str(err) else type(err).__name__

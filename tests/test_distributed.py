@@ -116,7 +116,7 @@ def test_rank_that_never_starts_is_named():
     wall = time.monotonic() - wall
     assert status == 1
     assert lines[-1].startswith("error: rank 0: rank(s) 1 of 2 did not arrive at init_distributed within 3 s")
-    assert TIMEOUT - 0.5 <= took <= TIMEOUT + 2
+    assert TIMEOUT - 0.5 <= took <= TIMEOUT + 5  # margin for a loaded 2-core machine; no hang is minutes
     assert wall < TIMEOUT + 30  # includes starting the forkserver (one torch import) on a busy machine
 
 
@@ -125,7 +125,7 @@ def test_missing_rank_zero_is_named():
     assert status == 1
     assert lines[-1].startswith("error: rank 1: could not reach the rendezvous store at 127.0.0.1:")
     assert "rank 0 never started or died early" in lines[-1]
-    assert took <= 2 * 1.5 + 3  # the TCPStore client tries twice
+    assert took <= 2 * 1.5 + 6  # the TCPStore client tries twice; margin for a loaded machine
 
 
 def test_rank_that_never_reaches_the_barrier_is_named_on_every_rank():
@@ -136,4 +136,4 @@ def test_rank_that_never_reaches_the_barrier_is_named_on_every_rank():
         status, lines, took = reports[rank]
         assert status == 1, lines
         assert lines[-1].startswith(f"error: rank {rank}: rank(s) 2 did not reach epoch 1 start within")
-        assert took <= TIMEOUT + 4
+        assert took <= TIMEOUT + 8
