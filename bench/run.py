@@ -286,7 +286,6 @@ def bench_threads(table, args, corpus, caches, tmp):
 
 def bench_pipeline(table, args, tmp):
     sys.path.insert(0, str(ROOT / "tests"))
-    import yaml
     from workflow_utils import TINY_CONFIG, make_workdir, planned_jobs, snakemake, write_config
 
     bench_dir = ROOT / "results" / "benchmarks"

@@ -29,7 +29,6 @@ import csv
 import datetime
 import hashlib
 import io
-import json
 import logging
 import math
 import os
@@ -47,6 +46,7 @@ import torch.distributed as dist
 import yaml
 
 from kws import checkpoint as ckpt
+from kws.cmvn import read_cmvn
 from kws.config import apply_overrides, load_model_config
 from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
 from kws.datalist import read_data_list
@@ -581,18 +581,8 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
     run.train_loader = make_loader(run.train_set, args.num_workers, pin, args.prefetch)
     run.cv_loader = make_loader(cv_set, args.num_workers, pin, args.prefetch)
 
-    cmvn = None
-    if args.cmvn_file is not None:
-        try:
-            with open(args.cmvn_file, encoding="utf-8") as handle:
-                cmvn = json.load(handle)
-        except FileNotFoundError:
-            raise KwsError(f"{args.cmvn_file}: CMVN file not found") from None
-        except json.JSONDecodeError as err:
-            raise KwsError(f"{args.cmvn_file}:{err.lineno}: malformed JSON ({err.msg})") from None
-
-    if cmvn is not None and isinstance(cmvn, dict) and isinstance(cmvn.get("mean_stat"), list) \
-            and len(cmvn["mean_stat"]) != run.input_dim:
+    cmvn = read_cmvn(args.cmvn_file) if args.cmvn_file is not None else None
+    if cmvn is not None and len(cmvn["mean_stat"]) != run.input_dim:
         raise KwsError(f"{args.cmvn_file}: statistics are {len(cmvn['mean_stat'])}-dimensional but the features "
                        f"are {run.input_dim}-dimensional (dataset_conf.fbank_conf.num_mel_bins of {args.config}); "
                        f"recompute the CMVN file")
@@ -610,13 +600,15 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
     # run (fingerprint) is resumed; an explicit --checkpoint is the user's deliberate choice.
     fingerprint = run_fingerprint(args, config, world_size)
     start_epoch, run.step, history, resumed_from = 1, 0, [], None
+    payload = None  # rank 0 keeps the checkpoint it read while choosing, instead of reading it again
     if rank == 0:
         if args.checkpoint is not None:
             chosen = str(args.checkpoint)
-            ckpt.load_payload(chosen)  # fail here, clearly, if it is unreadable
+            payload = ckpt.load_payload(chosen, map_location=device)  # fails here, clearly, if unreadable
         else:
-            found = ckpt.find_resume_checkpoint(model_dir)
+            found = ckpt.find_resume_checkpoint(model_dir, map_location=device)
             chosen = str(found[1]) if found else None
+            payload = found[2] if found else None
             if found and found[2].get("fingerprint") != fingerprint:
                 diff = _first_difference(found[2].get("fingerprint") or {}, fingerprint) or "fingerprint"
                 if not args.restart_on_change:
@@ -626,12 +618,13 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
                 removed = discard_run(model_dir)
                 log.warning("%s differs from the checkpoints in %s: discarded %d files and training from "
                             "scratch", diff, model_dir, len(removed))
-                chosen = None
+                chosen = payload = None
     else:
         chosen = None
     chosen = run.dist.broadcast(chosen)
     if chosen is not None:
-        payload = ckpt.load_payload(chosen, map_location=device)
+        if payload is None:
+            payload = ckpt.load_payload(chosen, map_location=device)
         for key, want in (("num_keywords", args.num_keywords), ("input_dim", run.input_dim)):
             if payload.get(key) != want:
                 raise KwsError(f"{chosen}: checkpoint has {key} {payload.get(key)!r}, this run {want}; "
