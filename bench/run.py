@@ -13,6 +13,8 @@ Sections (each figure the median of --runs runs unless said otherwise):
             cache) at the default worker count vs the default model's training-step throughput
   epoch     one training epoch of the default model (scripts/train.py under torchrun, gloo), 1 and 2
             processes, on-the-fly features and the feature cache
+  sort      one epoch of the default model (1 process) with and without length-sorted batches
+            (dataset_conf.sort), and the padded frames each computes
   threads   1 process x {1,2} torch threads x {0,1,2} DataLoader workers
   pipeline  the default pipeline's per-rule times (the lead's results/benchmarks, when present) and a
             scoring-only rerun (det.window_shift) of the tiny pipeline in a temporary copy
@@ -42,7 +44,7 @@ from machine import cpu_model  # noqa: E402
 SECTION = "## Training performance (bench/run.py)"
 MODEL = ROOT / "config" / "models" / "ds_tcn_small.yaml"
 FBANK = {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10}
-ALL = ("loss", "loader", "epoch", "threads", "pipeline", "score")
+ALL = ("loss", "loader", "epoch", "sort", "threads", "pipeline", "score")
 
 
 def median_time(fn, runs, warmup=1):
@@ -226,7 +228,7 @@ def bench_loader(table, args, corpus, caches):
 
 # -- c / threads: training epochs -----------------------------------------------------------------
 
-def train_epoch(corpus, out, processes, threads, workers, caches=None, train_list=None):
+def train_epoch(corpus, out, processes, threads, workers, caches=None, train_list=None, overrides=()):
     """One epoch of scripts/train.py under torchrun; returns (epoch seconds, train utt/s) from its log."""
     if out.exists():
         shutil.rmtree(out)
@@ -237,6 +239,8 @@ def train_epoch(corpus, out, processes, threads, workers, caches=None, train_lis
            "--model_dir", str(out), "--num_keywords", "2", "--min_duration", "50", "--seed", "666",
            "--max_epoch", "1", "--num_workers", str(workers), "--threads", str(threads * processes),
            "--gpus", "-1"]
+    for override in overrides:
+        cmd += ["--override", override]
     if caches:
         cmd += ["--train_feature_cache", str(caches["train"][0]), "--cv_feature_cache", str(caches["dev"][0])]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -265,6 +269,33 @@ def bench_epoch(table, args, corpus, caches, tmp):
             table.add("c epoch", f"1 epoch, {processes} process(es) x 1 thread, 1 worker, {label}", fmt(rate),
                       "utt/s", "" if cache is None else f"{fmt(ref)} s on the fly",
                       "" if cache is None else f"{ref / seconds:.2f}x", "", f"epoch {fmt(seconds)} s incl. CV")
+
+
+def padded_frames(corpus, sort):
+    """(padded, real) frames of one epoch's training batches of the default model config, 1 process."""
+    from kws.config import load_model_config
+    from kws.dataset import KwsDataset
+
+    conf = load_model_config(MODEL)["dataset_conf"]
+    conf = dict(conf, sort=sort, spec_aug=False, fbank_conf=dict(conf["fbank_conf"], dither=0.0))
+    padded = real = 0
+    for _, feats, lengths, _ in KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1):
+        padded += feats.shape[0] * feats.shape[1]
+        real += int(lengths.sum())
+    return padded, real
+
+
+def bench_sort(table, args, corpus, tmp):
+    base = None
+    for sort in (False, True):
+        seconds, rate = median_epoch(args.runs, corpus, Path(tmp) / "sort", 1, 1, 1,
+                                     overrides=[f"dataset_conf.sort={str(sort).lower()}"])
+        padded, real = padded_frames(corpus, sort)
+        base = base or seconds
+        table.add("c sort", f"1 epoch, 1 process x 1 thread, 1 worker, sort {'on' if sort else 'off'}",
+                  fmt(rate), "utt/s", "" if not sort else f"{fmt(base)} s unsorted",
+                  "" if not sort else f"{base / seconds:.2f}x", "",
+                  f"epoch {fmt(seconds)} s incl. CV; padded frames {padded / real:.2f}x the real ones")
 
 
 def bench_threads(table, args, corpus, caches, tmp):
@@ -442,7 +473,7 @@ def main():
     print(header)
     with tempfile.TemporaryDirectory(prefix="kwsbench.") as tmp:
         corpus = caches = None
-        if set(sections) & {"loader", "epoch", "threads", "score"}:
+        if set(sections) & {"loader", "epoch", "sort", "threads", "score"}:
             corpus, corpus_note = find_corpus(args, tmp)
             header += f"\n\nCorpus: {corpus_note}."
             print(f"corpus: {corpus_note}")
@@ -457,6 +488,8 @@ def main():
                 bench_loader(table, args, corpus, caches)
             elif name == "epoch":
                 bench_epoch(table, args, corpus, caches, tmp)
+            elif name == "sort":
+                bench_sort(table, args, corpus, tmp)
             elif name == "threads":
                 bench_threads(table, args, corpus, caches, tmp)
             elif name == "pipeline":
@@ -468,7 +501,7 @@ def main():
     print(table.markdown())
     if not args.no_write:
         write_results(table, header, f"`python bench/run.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
-                      [{"loss": "loss", "loader": "loader", "epoch": "epoch", "threads": "threads",
+                      [{"loss": "loss", "loader": "loader", "epoch": "epoch", "sort": "sort", "threads": "threads",
                         "pipeline": "pipeline", "score": "score"}[x] for x in sections])
     return 0
 

@@ -1,4 +1,4 @@
-"""The training data pipeline: data.list -> wav -> fbank -> filter -> SpecAugment -> shuffle -> batches.
+"""The training data pipeline: data.list -> wav -> fbank -> filter -> SpecAugment -> shuffle -> [sort] -> batches.
 
 `KwsDataset` is a `torch.utils.data.IterableDataset` used with `DataLoader(batch_size=None)`; it yields
 `(keys, feats [B, T, D] float32, lengths [B] int64, targets [B] int64)`, feats zero-padded.
@@ -19,7 +19,12 @@ are read from the memory-mapped cache instead of decoding and extracting them; t
 features, so the configured fbank dither is not applied; the length filter, SpecAugment, shuffling,
 sharding and batching are unchanged, so the same utterances reach the same ranks and workers.
 
-Randomness: every random choice (global order, shuffle buffer, SpecAugment masks, fbank dither) comes
+Sorting (`sort: true`, `sort_conf: {sort_size: 500}`, WeKws's keys): the shuffled stream is cut into
+buffers of sort_size utterances, each buffer is sorted by length and batched, and its batches are handed
+out in random order. Batches then hold utterances of similar length, so far fewer padded frames are
+computed (on the default corpus, batch 16: 2.29x the real frames without sorting, 1.11x with it).
+
+Randomness: every random choice (global order, shuffle and sort buffers, SpecAugment masks, fbank dither) comes
 from generators seeded by `(seed, epoch, rank, worker)`, never from global state, so an epoch's batches
 are identical whatever happened before (resume) and `set_epoch` changes the order.
 """
@@ -40,7 +45,12 @@ DEFAULT_SHUFFLE_SIZE = 1500
 DEFAULT_BATCH_SIZE = 16
 
 # Separate streams so that changing one kind of randomness does not shift the others.
-_STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER = 0, 1, 2, 3
+_STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 1, 2, 3, 4
+DEFAULT_SORT_SIZE = 500
+# Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
+# grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
+# cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
+PAD_MULTIPLE = 32
 
 
 def fbank_conf_of(dataset_conf):
@@ -60,6 +70,7 @@ def cv_dataset_conf(train_conf):
     conf = dict(train_conf)
     conf["shuffle"] = False
     conf["spec_aug"] = False
+    conf["sort"] = False
     conf["speed_perturb"] = False
     fbank = dict(fbank_conf_of(train_conf))
     fbank["dither"] = 0.0
@@ -113,11 +124,31 @@ def spec_augment(feats, rng, num_t_mask=1, num_f_mask=1, max_t=20, max_f=10):
     return feats
 
 
+def _buffers(stream, size):
+    """The stream in lists of `size` items; the last list holds the rest (it may be empty)."""
+    buffer = []
+    for sample in stream:
+        buffer.append(sample)
+        if len(buffer) >= size:
+            yield buffer
+            buffer = []
+    yield buffer
+
+
+def padded_length(frames):
+    """Batch length for a longest utterance of `frames`: rounded up to a multiple of PAD_MULTIPLE."""
+    return -(-int(frames) // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
 def collate(samples):
-    """[(key, feats [T, D], label)] -> (keys, feats [B, T_max, D] zero-padded, lengths [B], targets [B])."""
+    """[(key, feats [T, D], label)] -> (keys, feats [B, T, D] zero-padded, lengths [B], targets [B]),
+    T = padded_length(longest)."""
     keys = [s[0] for s in samples]
     lengths = torch.tensor([s[1].shape[0] for s in samples], dtype=torch.int64)
     feats = pad_sequence([s[1] for s in samples], batch_first=True, padding_value=0.0)
+    extra = padded_length(feats.shape[1]) - feats.shape[1]
+    if extra:
+        feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))
     targets = torch.tensor([s[2] for s in samples], dtype=torch.int64)
     return keys, feats, lengths, targets
 
@@ -146,6 +177,10 @@ class KwsDataset(IterableDataset):
         self.spec_aug_conf = {**DEFAULT_SPEC_AUG, **(self.conf.get("spec_aug_conf") or {})}
         self.shuffle = bool(self.conf.get("shuffle", False))
         self.shuffle_size = int((self.conf.get("shuffle_conf") or {}).get("shuffle_size", DEFAULT_SHUFFLE_SIZE))
+        self.sort = bool(self.conf.get("sort", False))
+        self.sort_size = int((self.conf.get("sort_conf") or {}).get("sort_size", DEFAULT_SORT_SIZE))
+        if self.sort and self.sort_size < 1:
+            raise KwsError(f"dataset_conf.sort_conf.sort_size must be >= 1, got {self.sort_size}")
         batch_conf = self.conf.get("batch_conf") or {}
         self.batch_type = batch_conf.get("batch_type", "static")
         self.batch_size = int(batch_conf.get("batch_size", DEFAULT_BATCH_SIZE))
@@ -219,24 +254,18 @@ class KwsDataset(IterableDataset):
             return
         worker, _ = self._worker()
         rng = _rng(self.seed, self.epoch, self.rank, worker, _STREAM_BUFFER)
-        buffer = []
-        for sample in stream:
-            buffer.append(sample)
-            if len(buffer) >= self.shuffle_size:
-                for i in rng.permutation(len(buffer)):
-                    yield buffer[i]
-                buffer = []
-        for i in rng.permutation(len(buffer)):
-            yield buffer[i]
+        for buffer in _buffers(stream, self.shuffle_size):
+            for i in rng.permutation(len(buffer)):
+                yield buffer[i]
 
     def _batched(self, stream):
         batch, longest = [], 0
         for sample in stream:
             if self.batch_type == "dynamic":
-                new_longest = max(longest, sample[1].shape[0])
+                new_longest = max(longest, padded_length(sample[1].shape[0]))
                 if batch and new_longest * (len(batch) + 1) > self.max_frames_in_batch:
                     yield collate(batch)
-                    batch, new_longest = [], sample[1].shape[0]
+                    batch, new_longest = [], padded_length(sample[1].shape[0])
                 longest = new_longest
                 batch.append(sample)
             else:
@@ -247,8 +276,21 @@ class KwsDataset(IterableDataset):
         if batch:
             yield collate(batch)
 
+    def _sorted_batches(self, stream):
+        worker, _ = self._worker()
+        rng = _rng(self.seed, self.epoch, self.rank, worker, _STREAM_SORT)
+        for buffer in _buffers(stream, self.sort_size):
+            yield from self._batches_of_sorted(buffer, rng)
+
+    def _batches_of_sorted(self, buffer, rng):
+        buffer.sort(key=lambda sample: sample[1].shape[0])  # stable: equal lengths keep stream order
+        batches = list(self._batched(buffer))
+        for i in rng.permutation(len(batches)) if self.shuffle else range(len(batches)):
+            yield batches[i]
+
     def __iter__(self):
-        return self._batched(self._shuffled(self.samples()))
+        stream = self._shuffled(self.samples())
+        return self._sorted_batches(stream) if self.sort else self._batched(stream)
 
 
 def _worker_context():

@@ -554,7 +554,7 @@ def train(args):
 
 def _train(args, config, tc, model_dir, rank, world_size, device, backend, threads):
     from kws.loss import criterion
-    from kws.model import build_model, count_parameters
+    from kws.model import build_model, count_parameters, receptive_field
 
     run = Run()
     run.args, run.rank, run.device = args, rank, device
@@ -680,6 +680,11 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
         log.info("model: %d parameters; %d train / %d cv utterances; %d process(es) on %s (%s), %d thread(s) each",
                  count_parameters(model), len(train_items), len(cv_items), world_size, device.type,
                  backend if world_size > 1 else "no DDP", threads)
+        frames = receptive_field(model)
+        if frames is not None:
+            shift_ms = float(run.train_set.fbank_conf.get("frame_shift", 10))
+            log.info("receptive field: %d frames (%.2f s); a longer keyword is only ever seen in part",
+                     frames, frames * shift_ms / 1000)
 
     for epoch in range(start_epoch, max_epoch + 1):
         seed_everything(epoch_seed(args.seed, epoch, rank))

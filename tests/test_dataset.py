@@ -47,18 +47,20 @@ def test_shard_order_covers_every_item_once(world_size, num_workers):
             assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("sort", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
-def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world_size, num_workers):
+def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world_size, num_workers, sort):
     data_list, items = train_list
-    batches = epoch_batches(data_list, conf(), world_size, num_workers, epoch=1)
+    sorting = {"sort": True, "sort_conf": {"sort_size": 5}} if sort else {}
+    batches = epoch_batches(data_list, conf(**sorting), world_size, num_workers, epoch=1)
     keys = collections.Counter(key for rank in batches.values() for batch in rank for key in batch[0])
     assert keys == collections.Counter(item["key"] for item in items)
     for rank_batches in batches.values():
         for keys_, feats, lengths, targets in rank_batches:
             assert feats.dtype == torch.float32 and feats.dim() == 3 and feats.shape[2] == 16
             assert feats.shape[0] == len(keys_) == lengths.numel() == targets.numel() <= 4
-            assert int(lengths.max()) == feats.shape[1]
+            assert feats.shape[1] % 32 == 0 and 0 <= feats.shape[1] - int(lengths.max()) < 32
             for row, length in enumerate(lengths.tolist()):  # padding is zeros
                 assert torch.all(feats[row, length:] == 0)
 
@@ -77,6 +79,30 @@ def test_deterministic_and_epoch_dependent(train_list):
     assert [k for k, _ in flat(first)] != [k for k, _ in flat(later)]
     other_seed = epoch_batches(data_list, conf(), 2, 2, epoch=0, seed=1)
     assert [k for k, _ in flat(first)] != [k for k, _ in flat(other_seed)]
+
+
+def test_sorting_batches_similar_lengths_in_random_order(train_list):
+    data_list, items = train_list
+    sorting = conf(sort=True, sort_conf={"sort_size": 8}, batch_conf={"batch_size": 2})
+
+    def padded_and_real(dataset_conf, epoch=0):
+        batches = epoch_batches(data_list, dataset_conf, 1, 0, epoch=epoch)[0]
+        padded = sum(b[1].shape[0] * b[1].shape[1] for b in batches)
+        return padded, sum(int(b[2].sum()) for b in batches), batches
+
+    padded, real, batches = padded_and_real(sorting)
+    unsorted_padded, unsorted_real, _ = padded_and_real(conf(batch_conf={"batch_size": 2}))
+    assert real == unsorted_real and padded < unsorted_padded
+    # within each buffer of 8 utterances (4 batches), every batch is a run of the buffer sorted by length
+    for start in range(0, len(batches), 4):
+        group = batches[start:start + 4]
+        runs = sorted((sorted(b[2].tolist()) for b in group), key=lambda run: run[0])
+        flat = [n for run in runs for n in run]
+        assert flat == sorted(flat)
+    assert [b[0] for b in batches] == [b[0] for b in padded_and_real(sorting)[2]]   # deterministic
+    assert [b[0] for b in batches] != [b[0] for b in padded_and_real(sorting, epoch=1)[2]]
+    cv = cv_dataset_conf(sorting)
+    assert cv["sort"] is False
 
 
 def test_cv_conf_is_plain_and_in_file_order(train_list):

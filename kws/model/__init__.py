@@ -56,6 +56,16 @@ class KWSModel(nn.Module):
         return self.classifier(x), new_cache
 
 
+def receptive_field(model):
+    """Frames of input one output frame depends on (itself included); None when unbounded (GRU).
+
+    A keyword longer than this is never seen whole: the model must decide from its tail alone, which
+    cannot tell "你好问问" from the hard negative "好问问". Compare it with the keywords' durations.
+    """
+    frames = getattr(model.backbone, "cache_frames", None)
+    return None if frames is None else frames + 1
+
+
 def count_parameters(model, trainable_only=False):
     """Number of parameters (buffers such as CMVN and BatchNorm statistics not included)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

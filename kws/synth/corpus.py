@@ -40,6 +40,7 @@ KIND_SHARE = {"hi": 0.15, "nihao": 0.15, "hard": 0.2, "zh": 0.22, "syl": 0.1, "e
 # No hard negatives in streams: back to back, partial keywords (嗨 + 小问问) can form a keyword.
 STREAM_KIND_SHARE = {"zh": 0.45, "syl": 0.2, "en": 0.25, "yue": 0.1}
 ENGLISH_ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc", "en-gb-x-gbclan")
+SPEEDS = (0.9, 0.95, 1.05, 1.1)  # speed perturbation factors of augmented utterances
 CHUNK_REQUESTS = 24  # synthesis requests per worker job (fixed: the output must not depend on it varying)
 BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
 MAX_WORKER_DEATHS = 2  # a chunk whose worker process died this often is skipped
@@ -293,14 +294,20 @@ def _noise_and_reverb(x, rng, speech_rms, babble, snr_range, p_reverb, p_noise):
     return x
 
 
+def _clean_and_speed(rng, augment):
+    """The first draws of an utterance's generator: left clean?, and its speed factor (< 1 is slower)."""
+    clean = not augment or rng.random() < 0.15
+    speed = 1.0 if clean or rng.random() < 0.5 else float(rng.choice(SPEEDS))
+    return clean, speed
+
+
 def _render_utterance(item, pcm, augment, babble):
     import numpy as np
 
     from kws.synth import augment as aug
 
     rng = np.random.default_rng(item["seed"])
-    clean = not augment or rng.random() < 0.15
-    speed = 1.0 if clean or rng.random() < 0.5 else float(rng.choice([0.9, 0.95, 1.05, 1.1]))
+    clean, speed = _clean_and_speed(rng, augment)
     x = _to_16k(pcm, speed)
     if len(x) == 0:
         return None
@@ -392,6 +399,32 @@ def _worker_main(conn, tmp_root, augment):
         records = render_chunk(chunk, tmp_root, augment, lambda message: warnings.append(f"warning: {message}"))
         conn.send((chunk["id"], records, warnings))
     conn.close()
+
+
+def keyword_seconds(size="default", seed=666, split="test", augment=True):
+    """Seconds of speech of the keyword in each positive utterance of `split`, as rendered.
+
+    The keyword alone: leading/trailing silence and a command said after it are left out, the speed
+    perturbation is the item's own. A model whose receptive field is shorter than a keyword only ever
+    sees that keyword in part (compare with kws.model.receptive_field).
+    """
+    import numpy as np
+
+    from kws.synth.espeak import synthesize_batch
+
+    plan, _ = plan_corpus(size, seed, augment)
+    requests, speeds = [], []
+    for item in plan[split]:
+        if item["token"] == FILLER:
+            continue
+        request = dict(item["requests"][0])
+        for command in COMMANDS:  # "<keyword>，<command>": keep the keyword
+            if request["text"].endswith("，" + command):
+                request["text"] = request["text"][:-len(command) - 1]
+        requests.append(request)
+        speeds.append(_clean_and_speed(np.random.default_rng(item["seed"]), augment)[1])
+    pcms = synthesize_batch(requests)
+    return [len(_to_16k(pcm, speed)) / SAMPLE_RATE for pcm, speed in zip(pcms, speeds) if pcm is not None]
 
 
 # --- orchestration ---------------------------------------------------------------------------------
