@@ -102,7 +102,8 @@ def finished_epochs(model_dir):
     if final.is_file():
         listed = _read_sidecar(final).get("epochs")
         if isinstance(listed, list):
-            epochs = [entry for entry in epochs if entry["epoch"] in set(listed)]
+            listed = set(listed)
+            epochs = [entry for entry in epochs if entry["epoch"] in listed]
     return epochs
 
 
