@@ -17,9 +17,11 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="worker processes (default: 2)")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
                         help="noise, babble, reverberation, speed, level and silence (default: on)")
+    parser.add_argument("--train-utterances", type=int, default=None,
+                        help="training split size instead of the size's own (dev and test unchanged)")
     args = parser.parse_args(argv)
     summary = synthesize_corpus(args.out_dir, size=args.size, seed=args.seed, threads=args.threads,
-                                augment=args.augment)
+                                augment=args.augment, train_utterances=args.train_utterances)
     print(summary_line(summary))
 
 

@@ -67,6 +67,21 @@ def test_splits_are_speaker_disjoint():
     assert split_voices(SEED) == voices and split_voices(SEED + 1) != voices
 
 
+def test_a_splits_audio_does_not_depend_on_the_other_splits_sizes():
+    """A bigger training split must leave dev and test as they were, babble noise included."""
+    from kws.synth import corpus
+
+    def jobs(train_utterances):
+        plan, _ = plan_corpus("tiny", SEED, train_utterances=train_utterances)
+        assert len(plan["train"]) == (train_utterances or 24)
+        return [({k: v for k, v in chunk.items() if k != "id"}) for chunk in corpus.make_chunks(plan, SEED)
+                if chunk["items"][0]["split"] != "train"]
+
+    assert jobs(None) == jobs(96)
+    with pytest.raises(KwsError, match="--train-utterances 0"):
+        plan_corpus("tiny", SEED, train_utterances=0)
+
+
 def test_layout_labels_and_audio_format(corpora):
     root, runs = corpora
     out = root / "a"

@@ -130,6 +130,7 @@ def test_second_run_has_nothing_to_do(completed_run):
             TRAIN_ONWARD | {"compute_cmvn"},
         ),
         ({"corpus/seed": 1}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),
+        ({"corpus/train_utterances": 30}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),
         ({"train/timeout_s": 30}, {"resolve_config"}),
     ],
     ids=lambda value: json.dumps(value, sort_keys=True) if isinstance(value, dict) else None,

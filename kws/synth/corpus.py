@@ -31,7 +31,7 @@ SAMPLE_RATE = 16000
 SIZES = {
     "tiny": {"train": 24, "dev": 8, "test": 8, "stream_seconds": 20, "stream_length": (20, 25)},
     "small": {"train": 320, "dev": 60, "test": 80, "stream_seconds": 300, "stream_length": (20, 60)},
-    "default": {"train": 2400, "dev": 300, "test": 400, "stream_seconds": 2700, "stream_length": (20, 60)},
+    "default": {"train": 9600, "dev": 300, "test": 400, "stream_seconds": 2700, "stream_length": (20, 60)},
     "large": {"train": 16000, "dev": 2000, "test": 2000, "stream_seconds": 3 * 3600, "stream_length": (20, 60)},
 }
 VOICE_SHARE = {"train": 0.7, "dev": 0.15, "test": 0.15}
@@ -210,11 +210,19 @@ def split_voices(seed):
     }
 
 
-def plan_corpus(size, seed, augment=True):
-    """The full, deterministic plan: a list of items (dicts) per split."""
+def plan_corpus(size, seed, augment=True, train_utterances=None):
+    """The full, deterministic plan: a list of items (dicts) per split.
+
+    train_utterances: the training split's size instead of the size's own; dev and test stay as they are
+    (each split is drawn from its own random stream).
+    """
     if size not in SIZES:
         raise KwsError(f"--size {size!r}: choose one of {', '.join(SIZES)}")
-    spec = SIZES[size]
+    spec = dict(SIZES[size])
+    if train_utterances is not None:
+        if train_utterances < 4:
+            raise KwsError(f"--train-utterances {train_utterances}: must be at least 4")
+        spec["train"] = train_utterances
     voices = split_voices(seed)
     plan = {}
     for split_index, split in enumerate(SPLITS):
@@ -255,10 +263,11 @@ def make_chunks(plan, seed, augment=True):
     """Group items into worker jobs of about CHUNK_REQUESTS syntheses (+ babble sources), per split."""
     chunks = []
     for split in SPLITS:
-        current, load = [], 0
+        current, load, index = [], 0, 0
         for item in plan[split] + [None]:
             if current and (item is None or load + len(item["requests"]) > CHUNK_REQUESTS):
-                chunks.append({"id": len(chunks), "items": current})
+                chunks.append({"id": len(chunks), "split_index": index, "items": current})
+                index += 1
                 current, load = [], 0
             if item is not None:
                 current.append(item)
@@ -266,7 +275,8 @@ def make_chunks(plan, seed, augment=True):
     voices = split_voices(seed)
     for chunk in chunks:
         split = chunk["items"][0]["split"]
-        rng = random.Random(f"babble-{seed}-{chunk['id']}")
+        # Seeded within the split: a split's audio must not depend on the sizes of the splits before it.
+        rng = random.Random(f"babble-{seed}-{split}-{chunk['split_index']}")
         chunk["babble"] = ([_request(rng, rng.choice(("zh", "zh", "en", "yue")), voices[split])
                             for _ in range(BABBLE_SOURCES)] if augment else [])
     return chunks
@@ -510,7 +520,8 @@ class _Pool:
         self.workers = []
 
 
-def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None, _faults=None):
+def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None, _faults=None,
+                      train_utterances=None):
     """Build the corpus under out_dir; returns a summary dict.
 
     _faults (tests): {"crash": {key: "once"|"always"}, "kill_worker": {key, ...}}.
@@ -522,7 +533,7 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
     if threads < 1:
         raise KwsError(f"--threads {threads}: must be at least 1")
     started = time.monotonic()
-    plan, voices = plan_corpus(size, seed, augment)
+    plan, voices = plan_corpus(size, seed, augment, train_utterances)
     chunks = make_chunks(plan, seed, augment)
     faults = _faults or {}
     for chunk in chunks:

@@ -225,7 +225,11 @@ def det_args():
 
 def synth_args():
     c = CORPUS
-    return f"--size {c['size']} --seed {c['seed']} {'--augment' if c['augment'] else '--no-augment'}"
+    train = c["train_utterances"]
+    return (
+        f"--size {c['size']} --seed {c['seed']} {'--augment' if c['augment'] else '--no-augment'}"
+        + (f" --train-utterances {train}" if train else "")
+    )
 
 
 def recipe_args():
