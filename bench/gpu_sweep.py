@@ -22,18 +22,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kws.det import operating_point, read_stats  # noqa: E402
+
 FA_TARGETS = (0.0, 1.0, 2.0, 5.0)
 
 
 def frr_at(stats_file, target):
-    """Lowest FRR over thresholds with false alarms per hour at or below target (1.0 when none)."""
-    best = 1.0
-    for line in Path(stats_file).read_text().split("\n"):
-        if line.strip():
-            _, fa_per_hour, frr = map(float, line.split())
-            if fa_per_hour <= target + 1e-3:  # zero false alarms are written as ~1e-6 per hour
-                best = min(best, frr)
-    return best
+    """FRR at the operating point for a FA/h target (kws.det's rule); 1.0 when no threshold meets it."""
+    # Zero false alarms are written as ~1e-6 per hour, so the target 0 is taken as 1e-3.
+    point = operating_point(read_stats(stats_file), max(target, 1e-3))
+    return point["frr"] if point else 1.0
 
 
 def run_chain(row, args, status):
