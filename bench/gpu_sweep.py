@@ -3,6 +3,8 @@
 
 Each row of the sweep file (TSV: name, corpus, seed, average, model, overrides) runs the pipeline's own
 scripts in a chain: torchrun train.py (one rank, NCCL) -> average_model.py -> score.py -> compute_det.py.
+Not through Snakemake: its one lock per GPU (kws.gpu) would run the trainings one after another, and
+these small models leave the GPU mostly idle, so they share it here.
 `corpus` is `default` (the workflow's corpus under --results) or `big` (the same dev/test splits, a 4x
 training split under <results>/big, made by bench/gpu_session.sh). All runs use the default corpus's
 CMVN and its test split, so their figures compare. The summary lists FRR at 0 (no false alarm), 1, 2
