@@ -2,22 +2,20 @@
 
 Layout in `<model_dir>` (epochs count from 1):
 - `epoch_<NNN>.pt`   dict: model (unwrapped state_dict), optimizer, scheduler, epoch, step, cv_loss,
-                     train_loss, lr, rng, config, num_keywords, input_dim, seed, world_size
+                     train_loss, lr, config, num_keywords, input_dim, seed, world_size, fingerprint
 - `epoch_<NNN>.yaml` sidecar written (atomically) *after* the .pt: epoch, cv_loss, cv_acc, train_loss,
                      lr, grad_norm, skipped_steps, checkpoint. A checkpoint is complete when its
                      sidecar exists and the .pt loads.
 - `config.yaml`, `run_info.yaml`, `train_log.tsv`, `tensorboard/`, and `final.yaml` when training ended.
 
-Everything in a payload is plain data and tensors (RNG states included), so checkpoints load with
+Everything in a payload is plain data and tensors, so checkpoints load with
 `torch.load(..., weights_only=True)`.
 """
 
 import logging
-import random
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
@@ -35,45 +33,6 @@ def checkpoint_name(epoch):
 
 def sidecar_name(epoch):
     return f"epoch_{int(epoch):03d}.yaml"
-
-
-# -- RNG state as weights_only-safe data ---------------------------------------------------------
-
-def rng_state():
-    """The python, numpy, torch (and CUDA) global RNG states of this process."""
-    version, state, gauss = random.getstate()
-    np_state = np.random.get_state(legacy=False)
-    result = {
-        "python": {"version": version, "state": list(state), "gauss": gauss},
-        "numpy": {"bit_generator": np_state["bit_generator"],
-                  "key": torch.from_numpy(np.asarray(np_state["state"]["key"]).astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        result["cuda"] = torch.cuda.get_rng_state_all()
-    return result
-
-
-def set_rng_state(state):
-    """Restore what `rng_state` recorded (parts that are missing are left alone)."""
-    if not state:
-        return
-    if "python" in state:
-        py = state["python"]
-        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "numpy" in state:
-        npy = state["numpy"]
-        np.random.set_state({"bit_generator": npy["bit_generator"],
-                             "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]},
-                             "has_gauss": npy["has_gauss"], "gauss": npy["gauss"]})
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        states = state["cuda"]
-        if len(states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(states)
 
 
 # -- writing -------------------------------------------------------------------------------------

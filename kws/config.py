@@ -112,3 +112,17 @@ def validate_config(config, schema_path, source="config"):
     if errors:
         raise KwsError(f"{source}: {_describe(errors[0])}")
     return config
+
+
+def parse_overrides(items, flag="--override"):
+    """`KEY=VALUE` strings (values parsed as YAML/JSON) as {dotted key: value}, for apply_overrides."""
+    result = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise KwsError(f"{flag} {item!r}: expected KEY=VALUE, e.g. training_config.grad_clip=5")
+        try:
+            result[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise KwsError(f"{flag} {item!r}: value is not valid YAML/JSON") from None
+    return result

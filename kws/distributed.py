@@ -14,7 +14,10 @@ Failures raise `DistributedTimeout` (a `KwsError`): `kws.errors.cli` prints it a
 and exits with status 1, and torchrun then stops the remaining workers.
 
 World size 1 (no torchrun, or `--nproc_per_node 1`): no process group is created; `barrier_or_fail`,
-`all_reduce_mean_weighted` and `cleanup` still work (as no-ops / local values).
+`Dist` and `cleanup` still work (as no-ops / local values).
+
+The trainer's side: `dist_env` (rank and sizes from torchrun's environment), `choose_device`,
+`choose_threads`, and `Dist`, the few collectives the training loop makes.
 """
 
 import datetime
@@ -272,34 +275,12 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
         f"rank 0 crashed or hangs: check its log") from None
 
 
-def all_reduce_mean_weighted(value, count):
-    """Weighted mean over ranks: sum(value * count) / sum(count). For the cv loss, so every rank (and the
-    LR scheduler on each) sees the same number. `value` is a per-rank mean over `count` items.
-    Returns a float (nan when the total count is 0). Without a process group: `value` itself."""
-    value = float(value.item() if torch.is_tensor(value) else value)
-    count = float(count.item() if torch.is_tensor(count) else count)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        device = _state.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        total = torch.tensor([value * count if count else 0.0, count], dtype=torch.float64, device=device)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        weighted, count = total.tolist()
-        return weighted / count if count else float("nan")
-    return value if count else float("nan")
-
-
-def exit_with_launcher(environ=None):
-    """Under torchrun, make this worker die with its launcher. Returns True when armed.
-
-    torchrun starts each worker in a session of its own, so killing the launcher's process group
-    (Ctrl-C on a wrapper, `kill -9` of a Snakemake run, a batch system reclaiming the job) leaves the
-    workers running: they keep training and writing checkpoints into the model folder while the rerun
-    trains there too. PR_SET_PDEATHSIG (Linux) makes the kernel SIGKILL this process when the launcher
-    (its parent) exits; a worker whose launcher is already gone stops at once. Checkpoints are written
-    atomically, so a killed worker leaves at most a `.epoch_NNN.pt.*.tmp` behind.
-    """
-    environ = os.environ if environ is None else environ
-    if not environ.get("TORCHELASTIC_RUN_ID") or not sys.platform.startswith("linux"):
+def die_with_parent():
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux PR_SET_PDEATHSIG).
+    Returns True when armed; a process whose parent is already gone stops at once."""
+    if not sys.platform.startswith("linux"):
         return False
+    parent = os.getppid()
     try:
         import ctypes
 
@@ -308,14 +289,25 @@ def exit_with_launcher(environ=None):
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:  # the launcher died before the line above: nobody is left to report to
+    if os.getppid() != parent:  # the parent died before the line above: nobody is left to report to
         os.kill(os.getpid(), signal.SIGKILL)
     return True
 
 
-def is_main_process():
-    """True on rank 0 (or without a process group)."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+def exit_with_launcher(environ=None):
+    """Under torchrun, make this worker die with its launcher. Returns True when armed.
+
+    torchrun starts each worker in a session of its own, so killing the launcher's process group
+    (Ctrl-C on a wrapper, `kill -9` of a Snakemake run, a batch system reclaiming the job) leaves the
+    workers running: they keep training and writing checkpoints into the model folder while the rerun
+    trains there too. A worker whose launcher is already gone stops at once. Checkpoints are written
+    atomically, so a killed worker leaves at most a `.epoch_NNN.pt.*.tmp` behind. (The DataLoader's
+    forkserver and workers die with their rank the same way: kws.dataset.)
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get("TORCHELASTIC_RUN_ID"):
+        return False
+    return die_with_parent()
 
 
 def cleanup():
@@ -328,3 +320,85 @@ def cleanup():
     _state.monitor_group = None
     _state.store = None
     _state.barriers = 0
+
+
+# -- what the trainer needs: where it runs, and its collectives ------------------------------------
+
+def dist_env(environ=None):
+    """rank, local_rank, world_size, local_world_size from torchrun's environment (1 process without it)."""
+    environ = os.environ if environ is None else environ
+    world_size = _env_int(environ, "WORLD_SIZE", 1)
+    rank = _env_int(environ, "RANK", 0)
+    local_rank = _env_int(environ, "LOCAL_RANK", rank)
+    local_world = _env_int(environ, "LOCAL_WORLD_SIZE", world_size)
+    return rank, local_rank, world_size, local_world
+
+
+def choose_device(gpus, local_rank, local_world):
+    """cpu, or cuda:<local_rank> among the visible devices (`--gpus` ids, WeKws's convention; -1 = CPU)."""
+    spec = None if gpus is None else str(gpus).strip()
+    if spec in ("-1", "cpu", ""):
+        return torch.device("cpu")
+    ids = [x.strip() for x in spec.split(",") if x.strip()] if spec else []
+    if ids:
+        if local_world > len(ids):
+            raise KwsError(f"--gpus {spec}: {len(ids)} id(s) for {local_world} processes per node")
+        if "CUDA_VISIBLE_DEVICES" not in os.environ:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)  # before CUDA initialises
+    if not torch.cuda.is_available():
+        if ids:
+            raise KwsError(f"--gpus {spec}: no CUDA device is available (use --gpus -1 for CPU)")
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise KwsError(f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible "
+                       f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return torch.device("cuda", local_rank)
+
+
+def choose_threads(threads, local_world):
+    """Threads per process: the job's `threads` shared by the processes of a node, else
+    $OMP_NUM_THREADS, else the cores available shared the same way."""
+    if threads is not None:
+        if threads < 1:
+            raise KwsError(f"--threads must be >= 1, got {threads}")
+        return max(1, threads // max(1, local_world))
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world))
+
+
+class Dist:
+    """The few collectives the training loop needs; no-ops for a single process."""
+
+    def __init__(self, world_size, device, backend):
+        self.world_size = world_size
+        self.enabled = world_size > 1
+        # NCCL reduces CUDA tensors only; gloo reduces CPU tensors.
+        self.device = device if backend == "nccl" else torch.device("cpu")
+
+    def sum(self, values):
+        """Element-wise sum over ranks of a list of numbers (float64)."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.cpu().tolist()
+
+    def sync_buffers(self, model):
+        """Rank 0's buffers (BatchNorm statistics) everywhere, so CV uses the model rank 0 saves."""
+        if self.enabled:
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
+
+    def barrier(self, what, timeout_s):
+        """A barrier that fails within the timeout, naming the rank(s) that never reached it."""
+        if self.enabled:
+            barrier_or_fail(timeout_s, what)
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]

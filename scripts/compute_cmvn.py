@@ -4,10 +4,8 @@
 import argparse
 import json
 
-import yaml
-
 from kws.cmvn import compute_cmvn_file
-from kws.config import load_model_config
+from kws.config import load_model_config, parse_overrides
 from kws.errors import KwsError, cli
 
 
@@ -28,16 +26,7 @@ def fbank_conf_from_args(args):
     if args.override and not args.model_config:
         raise KwsError("--override: needs --model-config")
     if args.model_config:
-        overrides = {}
-        for item in args.override:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise KwsError(f"--override: expected KEY=VALUE, got {item!r}")
-            try:
-                overrides[key] = yaml.safe_load(value)
-            except yaml.YAMLError:
-                raise KwsError(f"--override: {key}: value {value!r} is not valid YAML") from None
-        conf = load_model_config(args.model_config, overrides)
+        conf = load_model_config(args.model_config, parse_overrides(args.override))
         fbank = conf["dataset_conf"].get("fbank_conf") or {}
         if not isinstance(fbank, dict):
             raise KwsError(f"{args.model_config}: dataset_conf.fbank_conf must be a mapping")

@@ -9,9 +9,7 @@ Prints `ok:` lines and `warning:` lines; exits 1 with `error: ...` on the first 
 
 import argparse
 
-import yaml
-
-from kws.errors import KwsError, cli
+from kws.errors import cli
 from kws.preflight import DEFAULT_MASTER_PORT, run_preflight
 
 
@@ -34,23 +32,13 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _overrides(items):
-    result = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise KwsError(f"--override {item}: expected KEY=VALUE, e.g. training_config.grad_clip=5")
-        result[key] = yaml.safe_load(value)
-    return result
-
-
 @cli
 def main(argv=None):
     args = parse_args(argv)
     if args.config is not None and args.override:
-        from kws.config import load_model_config
+        from kws.config import load_model_config, parse_overrides
 
-        args.config = load_model_config(args.config, _overrides(args.override))
+        args.config = load_model_config(args.config, parse_overrides(args.override))
     report = run_preflight(args, check_port_free=True, choose_port=args.choose_port)
     for line in report.ok:
         print(f"ok: {line}")

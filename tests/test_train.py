@@ -14,7 +14,7 @@ import yaml
 
 from helpers_train import make_corpus, train_argv, write_config
 from kws import checkpoint as ckpt
-from kws import trainer
+from kws import trainer, trainlog
 from kws.errors import KwsError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_outputs_and_load_model(setup, reference):
     for key in ("cv_loss", "train_loss", "lr", "grad_norm", "skipped_steps"):
         assert key in sidecar
     rows = (reference / "train_log.tsv").read_text().splitlines()
-    assert rows[0].split("\t") == trainer.TSV_COLUMNS and len(rows) == 4
+    assert rows[0].split("\t") == trainlog.TSV_COLUMNS and len(rows) == 4
     info = yaml.safe_load((reference / "run_info.yaml").read_text())
     assert info["seed"] == 666 and info["world_size"] == 1 and info["torch"] == str(torch.__version__)
     assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
@@ -104,8 +104,8 @@ def test_outputs_and_load_model(setup, reference):
     # CMVN statistics are in the checkpoint: mean 10, var 4 -> istd 0.5
     assert torch.allclose(model.global_cmvn.mean, torch.full((16,), 10.0))
     assert torch.allclose(model.global_cmvn.istd, torch.full((16,), 0.5))
-    # Checkpoints are plain data: they load with weights_only
-    assert isinstance(payload["rng"]["python"]["state"], list)
+    # Checkpoints are plain data: they load with weights_only, and they name the code that trained them
+    assert isinstance(payload["fingerprint"]["code"], str)
 
 
 def test_same_seed_same_checkpoints(setup, reference):
@@ -250,3 +250,97 @@ def test_ddp_two_gloo_processes(tmp_path):
     model, payload = ckpt.load_model(model_dir / "epoch_002.pt")
     assert payload["world_size"] == 2
     assert not any(k.startswith("module.") for k in payload["model"])
+
+
+def test_edited_training_code_trains_from_epoch_1(setup, tmp_path):
+    """The fingerprint covers the code: a finished run trained by other code (here kws/loss.py halved)
+    is never resumed. The edited package is a copy put first on PYTHONPATH, as the workflow does."""
+    _, corpus, config = setup
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "kws", code / "kws", ignore=shutil.ignore_patterns("__pycache__"))
+    model_dir = tmp_path / "model"
+    argv = [sys.executable, str(REPO / "scripts" / "train.py"),
+            *train_argv(corpus, config, model_dir, "--threads", "1", "--max_epoch", "2")]
+    env = dict(os.environ, PYTHONPATH=str(code))
+
+    def train(*extra):
+        return subprocess.run([*argv, *extra], env=env, capture_output=True, text=True, timeout=300)
+
+    assert train().returncode == 0
+    before = state(model_dir / "epoch_002.pt")
+    assert train().returncode == 0 and "resuming from" in train().stdout  # unchanged code: nothing to redo
+    loss = code / "kws" / "loss.py"
+    loss.write_text(loss.read_text() + "\n_halved = max_pooling_loss\n"
+                    "CRITERIA['max_pooling'] = lambda *a, **k: (lambda r: (r[0] / 2, r[1]))(_halved(*a, **k))\n")
+    refused = train()
+    assert refused.returncode == 1 and "different run (code differs)" in refused.stderr
+    retrained = train("--restart_on_change")
+    assert retrained.returncode == 0, retrained.stderr[-2000:]
+    assert "resuming" not in retrained.stdout and "epoch 1:" in retrained.stdout
+    after = state(model_dir / "epoch_002.pt")
+    assert after["fingerprint"]["code"] != before["fingerprint"]["code"]
+    assert after["cv_loss"] != before["cv_loss"]
+
+
+def test_the_configured_clip_bounds_every_step(setup, monkeypatch, tmp_path):
+    """The gradient Adam steps on has norm <= training_config.grad_clip, and it is that value (not a
+    constant, not infinity) that reaches the step: with a tiny clip every step's norm is the clip."""
+    seen = []
+    real_step = torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    assert run_inprocess(setup, tmp_path / "clip", "--max_epoch", "1",
+                         "--override", "training_config.grad_clip=0.001") == 0
+    assert seen and max(seen) <= 0.001 * (1 + 1e-4)
+    assert min(seen) >= 0.001 * (1 - 1e-4)  # every raw norm here is far above 0.001: all were clipped
+
+    seen.clear()
+    assert run_inprocess(setup, tmp_path / "loose", "--max_epoch", "1",
+                         "--override", "training_config.grad_clip=1000") == 0
+    assert seen and max(seen) > 1  # norms below the clip pass through as they are
+
+
+def test_one_grad_clip_default_for_trainer_and_preflight(setup, tmp_path):
+    from kws import preflight
+
+    _, corpus, _ = setup
+    config = write_config(tmp_path / "no_clip.yaml")
+    conf = yaml.safe_load(config.read_text())
+    del conf["training_config"]["grad_clip"]
+    config.write_text(yaml.safe_dump(conf))
+    args = trainer.build_parser().parse_args(train_argv(corpus, config, tmp_path / "m"))
+    assert trainer.resolve_config(args)["training_config"]["grad_clip"] == preflight.DEFAULT_GRAD_CLIP == 50
+    assert f"default {preflight.DEFAULT_GRAD_CLIP:g}" in preflight.check_grad_clip(conf)
+
+
+def test_resume_rests_on_the_per_epoch_seed(setup, reference, tmp_path, monkeypatch):
+    """Checkpoints hold no RNG state: a resumed epoch is reproduced by seeding every epoch from
+    (seed, epoch, rank). Without that seeding the resumed run's dropout masks differ."""
+    model_dir = tmp_path / "resumed"
+    assert run_inprocess(setup, model_dir, "--max_epoch", "2", "--num_workers", "1") == 0
+    assert "rng" not in state(model_dir / "epoch_002.pt")
+    (model_dir / "final.yaml").unlink()
+    for name in ("epoch_002.pt", "epoch_002.yaml"):
+        (model_dir / name).unlink()
+    resumed = tmp_path / "resumed_unseeded"
+    shutil.copytree(model_dir, resumed)
+    assert run_inprocess(setup, model_dir, "--max_epoch", "2", "--num_workers", "1") == 0
+    assert_same_checkpoint(reference / "epoch_002.pt", model_dir / "epoch_002.pt")
+    monkeypatch.setattr(trainer, "seed_everything", lambda seed: None)  # the per-epoch seeding gone
+    assert run_inprocess(setup, resumed, "--max_epoch", "2", "--num_workers", "1") == 0
+    with pytest.raises(AssertionError):
+        assert_same_checkpoint(reference / "epoch_002.pt", resumed / "epoch_002.pt")
+
+
+def test_a_lowered_max_epoch_keeps_only_its_epochs_in_the_records(setup, reference, tmp_path):
+    model_dir = tmp_path / "lowered"
+    shutil.copytree(reference, model_dir)  # a finished 3-epoch run
+    assert run_inprocess(setup, model_dir, "--max_epoch", "2", "--num_workers", "1") == 0
+    rows = (model_dir / "train_log.tsv").read_text().splitlines()
+    assert [row.split("\t")[0] for row in rows] == ["epoch", "1", "2"]
+    assert yaml.safe_load((model_dir / "final.yaml").read_text())["epochs"] == [1, 2]
