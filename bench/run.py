@@ -480,7 +480,7 @@ def main():
         if set(sections) & {"loader", "epoch", "threads"}:
             caches = build_caches(corpus, tmp)
             table.add("cache", "build the train feature cache (2 processes)", fmt(caches["train"][1]), "s", "", "",
-                      "", "python -m kws.feature_cache, float32, one run")
+                      "", "scripts/cache_features.py, float32, one run")
         for name in sections:
             if name == "loss":
                 bench_loss(table, args)

@@ -36,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from kws.audio import read_wav
 from kws.datalist import read_data_list
+from kws.distributed import die_with_parent
 from kws.errors import KwsError
 from kws.features import compute_fbank, fbank_settings
 
@@ -297,8 +298,15 @@ def _worker_context():
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "kws.dataset"])
+    context.set_forkserver_preload(["torch", "kws.dataset", "kws.forkserver_guard"])
     return context
+
+
+def _worker_dies_with_its_parent(worker_id):
+    from kws import forkserver_guard  # already imported: the forkserver preloads it
+
+    # The pid the worker was forked by: when the forkserver died before this line, the worker stops.
+    die_with_parent(parent=forkserver_guard.FORKSERVER_PID)
 
 
 def make_loader(dataset, num_workers=0, pin_memory=False, prefetch=None):
@@ -312,6 +320,7 @@ def make_loader(dataset, num_workers=0, pin_memory=False, prefetch=None):
         # and intra-op threads, and forking a threaded process can deadlock the child on a lock one of
         # those threads held (seen here: a CV worker hung for good in the fork).
         kwargs["multiprocessing_context"] = _worker_context()
+        kwargs["worker_init_fn"] = _worker_dies_with_its_parent
         if prefetch:
             kwargs["prefetch_factor"] = int(prefetch)
     return DataLoader(dataset, batch_size=None, num_workers=int(num_workers), pin_memory=pin_memory,

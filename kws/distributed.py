@@ -275,12 +275,13 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
         f"rank 0 crashed or hangs: check its log") from None
 
 
-def die_with_parent():
+def die_with_parent(parent=None):
     """Ask the kernel to SIGKILL this process when its parent exits (Linux PR_SET_PDEATHSIG).
-    Returns True when armed; a process whose parent is already gone stops at once."""
+    Returns True when armed. A process whose parent (`parent`, the pid that started it, when known) is
+    already gone stops at once."""
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         import ctypes
 

@@ -14,24 +14,22 @@ training time (kws.dataset). The folder is written next to its final name and re
 killed build never leaves a half cache under the final name; opening checks shapes, offsets, keys,
 fbank settings and the data.list digest and stops with a clear KwsError on any mismatch.
 
-    python -m kws.feature_cache --data-list data/train/data.list --fbank-json '{"num_mel_bins": 40}' \
+    python scripts/cache_features.py --data-list data/train/data.list --fbank-json '{"num_mel_bins": 40}' \
         --out results/features/fbank40/train --threads 2
 """
 
-import argparse
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kws.errors import KwsError, cli
+from kws.errors import KwsError
 
 FORMAT = "kwsflow-feature-cache"
 VERSION = 1
@@ -161,7 +159,7 @@ class FeatureCache:
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not self.path.is_dir():
-            raise KwsError(f"{self.path}: feature cache folder not found (build it with python -m kws.feature_cache)")
+            raise KwsError(f"{self.path}: feature cache folder not found (build it with scripts/cache_features.py)")
         try:
             with open(meta_path, encoding="utf-8") as handle:
                 meta = json.load(handle)
@@ -251,32 +249,3 @@ class FeatureCache:
 
 def open_cache(path, fbank_conf=None, data_list=None, items=None):
     return FeatureCache(path, fbank_conf=fbank_conf, data_list=data_list, items=items)
-
-
-def build_parser():
-    p = argparse.ArgumentParser(description="Compute a split's fbank features once into a memory-mapped cache.")
-    p.add_argument("--data-list", required=True, help="the split's data.list")
-    p.add_argument("--fbank-json", default="{}", help="fbank settings as JSON (dither is ignored: caches use 0)")
-    p.add_argument("--out", required=True, help="cache folder to write")
-    p.add_argument("--threads", type=int, default=1, help="worker processes")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="stored precision")
-    return p
-
-
-@cli
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        fbank_conf = json.loads(args.fbank_json)
-    except json.JSONDecodeError as err:
-        raise KwsError(f"--fbank-json: not valid JSON ({err.msg})") from None
-    if args.threads < 1:
-        raise KwsError(f"--threads: must be at least 1, got {args.threads}")
-    count = build_cache(args.data_list, args.out, fbank_conf, threads=args.threads, dtype=args.dtype)
-    cache = FeatureCache(args.out)
-    print(f"{args.out}: {count} utterances, {cache.meta['num_frames']} frames x {cache.dim} ({cache.meta['dtype']})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

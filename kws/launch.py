@@ -1,5 +1,6 @@
 """How training is launched: torchrun on one node, srun + torchrun on several, GPU budget checks."""
 
+import os
 import shlex
 
 from kws.errors import KwsError
@@ -61,3 +62,9 @@ def slurm_resources(gpus, nodes):
     """
     extra = f"--ntasks-per-node=1 --gpus-per-node={gpus}" if gpus else "--ntasks-per-node=1"
     return {"gpu": gpus * nodes, "nodes": nodes, "slurm_extra": extra if nodes > 1 else ""}
+
+
+def import_kws_from(folder):
+    """Make the jobs this process starts import the kws package in `folder` (first on PYTHONPATH), so
+    that the code a rule declares as its input is the code it runs, whatever is installed."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))

@@ -2,6 +2,9 @@
 same utterances and sharding, training runs from it, and a broken cache stops with a clear error."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +15,11 @@ from kws.audio import read_wav
 from kws.dataset import KwsDataset, make_loader
 from kws.datalist import read_data_list
 from kws.errors import KwsError
-from kws.feature_cache import FeatureCache, build_cache, main
+from kws.feature_cache import FeatureCache, build_cache
 from kws.features import compute_fbank
 
 FBANK = TINY_CONFIG["dataset_conf"]["fbank_conf"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -134,15 +138,21 @@ def test_mismatched_cache_errors(corpus, tmp_path):
     FeatureCache(cache_dir, fbank_conf={**FBANK, "dither": 1.0})
 
 
-def test_cli_and_atomic_output(corpus, tmp_path, capsys):
+def cache_features(*args):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "cache_features.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_and_atomic_output(corpus, tmp_path):
     data_list, items, _ = corpus
     out = tmp_path / "cli"
-    assert main(["--data-list", str(data_list), "--fbank-json", json.dumps(FBANK), "--out", str(out)]) == 0
-    assert f"{len(items)} utterances" in capsys.readouterr().out
+    result = cache_features("--data-list", data_list, "--fbank-json", json.dumps(FBANK), "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(items)} utterances" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["feats.npy", "meta.json", "offsets.npy"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
-    with pytest.raises(SystemExit):
-        main(["--data-list", str(tmp_path / "missing.list"), "--out", str(tmp_path / "x")])
+    failed = cache_features("--data-list", tmp_path / "missing.list", "--out", tmp_path / "x")
+    assert failed.returncode == 1 and failed.stderr.startswith("error: ") and "missing.list" in failed.stderr
     assert not (tmp_path / "x").exists()
 
 

@@ -95,17 +95,21 @@ def worker_pid(agent_pid, rank):
     raise AssertionError(f"no worker with RANK={rank} among the children of torchrun (pid {agent_pid})")
 
 
-def processes_mentioning(text):
-    """Pids of live processes whose command line contains `text` (this test process excluded)."""
+def processes_of(folder):
+    """Pids of live processes working in `folder` (their cwd) or naming it on their command line (this
+    test process excluded): a run's shell, torchrun, ranks, forkservers and workers."""
     found = []
+    folder = str(folder)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 status = (entry / "status").read_text()
+                cwd = os.readlink(entry / "cwd")
             except OSError:
                 continue
-            if text in cmdline and "State:\tZ" not in status:
+            mine = folder in cmdline or cwd == folder or cwd.startswith(folder + os.sep)
+            if mine and "State:\tZ" not in status:
                 found.append(int(entry.name))
     return found
 
@@ -177,6 +181,35 @@ def test_killed_rank_restarts_from_last_checkpoint_and_ends_identical(corpus, re
     assert not list(model_dir.glob("*.tmp")) and not list(model_dir.glob(".*.tmp"))
     for epoch in range(1, MAX_EPOCH + 1):
         assert_same_model(reference / f"epoch_{epoch:03d}.pt", model_dir / f"epoch_{epoch:03d}.pt")
+
+
+def test_a_killed_rank_leaves_none_of_its_helpers_behind(corpus, tmp_path):
+    """A rank's DataLoader forkserver, loader workers and multiprocessing resource tracker die with it,
+    and once torchrun is done nothing of the run is left."""
+    import psutil
+
+    model_dir = tmp_path / "model"
+    command = torchrun(corpus, model_dir, "--num_workers", "1")
+    command[command.index("scripts/train.py")] = str(REPO / "scripts" / "train.py")
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: (model_dir / "epoch_001.yaml").exists(), proc, "epoch 1")
+        victim = worker_pid(proc.pid, rank=1)
+        helpers = psutil.Process(victim).children(recursive=True)
+        assert helpers, "no forkserver / resource tracker to check"
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers):
+            assert time.monotonic() < deadline, f"helpers of the killed rank lived on: {helpers}"
+            time.sleep(0.1)
+        assert proc.wait(timeout=600) == 0  # torchrun restarted the rank and finished
+    finally:
+        kill_group(proc)
+    deadline = time.monotonic() + 10
+    while processes_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------ corrupt checkpoints
@@ -285,14 +318,16 @@ def test_killed_snakemake_resumes_training(pipeline_a, tmp_path):
         proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: (model_dir / "epoch_001.yaml").exists(), proc, "the first checkpoint", timeout=600)
+        os.kill(proc.pid, signal.SIGKILL)  # snakemake alone: its job shell, torchrun and the ranks live on
+        proc.wait()
+        # kws.supervise sees Snakemake die and stops the whole tree (ranks in sessions of their own too).
+        deadline = time.monotonic() + 10
+        while processes_of(root) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_of(root) == [], "training outlived the killed snakemake by 10 s"
     finally:
-        kill_group(proc)  # snakemake, its shell and torchrun: the whole process group
+        kill_group(proc)
     assert not (model_dir / "final.yaml").exists()
-    # torchrun starts its workers in sessions of their own: they must die with it, not train on.
-    deadline = time.monotonic() + 20
-    while processes_mentioning(str(root)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_mentioning(str(root)) == [], "training workers outlived the killed snakemake"
 
     # A SIGKILLed snakemake cannot remove its lock: the same command refuses until --unlock.
     locked = snakemake(root, target)
@@ -303,6 +338,12 @@ def test_killed_snakemake_resumes_training(pipeline_a, tmp_path):
     train_log = (root / "results" / "logs" / "train.tiny.log").read_text()
     assert f"resuming from {EXP / 'model'}/epoch_0" in train_log, train_log[-3000:]
     assert "epoch 1:" not in train_log  # epoch 1 was not trained again
+    # The killed attempt's log survived the rerun (Snakemake deletes the job log before each attempt).
+    attempts = root / "results" / "logs" / "attempts"
+    first = (attempts / "train.tiny.log.1.log").read_text()
+    assert "epoch 1 batch 1 " in first, first[-3000:]
+    assert "died: stopping" in first, first[-3000:]
+    assert (attempts / "train.tiny.log.2.log").read_text() == train_log
     a = pipeline_a / EXP
     assert_same_model(a / "avg.pt", root / EXP / "avg.pt", optimizer=False)
     assert_same_model(a / "model" / "epoch_010.pt", model_dir / "epoch_010.pt")

@@ -132,6 +132,8 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"corpus/seed": 1}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),
         ({"corpus/train_utterances": 30}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),
         ({"train/timeout_s": 30}, {"resolve_config"}),
+        # A speed knob: score.txt is byte-identical at any batch size.
+        ({"score/batch_size": 7}, {"resolve_config"}),
     ],
     ids=lambda value: json.dumps(value, sort_keys=True) if isinstance(value, dict) else None,
 )
@@ -153,6 +155,10 @@ def test_a_changed_setting_reruns_exactly_its_stage_onward(completed_run, change
         ("scripts/compute_det.py", {"compute_det", "plot_det", "export_model"}),
         ("scripts/train.py", TRAIN_ONWARD - {"resolve_config"}),
         ("scripts/compute_cmvn.py", TRAIN_ONWARD - {"resolve_config"} | {"compute_cmvn"}),
+        # Library modules reach every stage that imports them (kws.sourcecode), declared by no list.
+        ("kws/distributed.py", TRAIN_ONWARD - {"resolve_config"}),
+        ("kws/loss.py", TRAIN_ONWARD - {"resolve_config"}),
+        ("kws/det.py", {"compute_det", "plot_det", "plot_training", "export_model"}),
     ],
 )
 def test_an_edited_script_reruns_its_stage_onward(completed_run, script, expected):
@@ -205,3 +211,37 @@ def test_report_gathers_plots_metrics_and_configs(completed_run):
     html = (completed_run / "report.html").read_text(errors="replace")
     for name in ("det.png", "training.png", "metrics.tsv", "config.yaml", "DET"):
         assert name in html, name
+
+
+@pytest.mark.slow
+def test_an_edited_config_module_reruns_training_and_the_stages_that_import_it(completed_run):
+    path = completed_run / "kws" / "config.py"
+    original = path.read_text()
+    path.write_text(original + "\n# edited\n")
+    try:
+        planned = planned_jobs(snakemake(completed_run, "-n"))
+    finally:
+        path.write_text(original)
+    assert {"resolve_config", "train", "average_model", "score", "export_model"} <= set(planned)
+
+
+@pytest.mark.slow
+def test_a_copied_project_folder_is_up_to_date(completed_run, tmp_path):
+    """`cp -a` (or rsync to a cluster's scratch) keeps the results: no absolute path in any input."""
+    copy_dir = tmp_path / "moved"
+    subprocess.run(["cp", "-a", str(completed_run), str(copy_dir)], check=True)
+    assert planned_jobs(snakemake(copy_dir, "-n")) == {}
+
+
+@pytest.mark.slow
+def test_the_documented_way_to_retrain_after_deleting_the_model(completed_run, tmp_path):
+    """Deleting results/<exp>/model/ alone retrains nothing (Snakemake does not regenerate a missing
+    intermediate while the outputs after it are present); --forcerun train does, as config/README says."""
+    copy_dir = tmp_path / "deleted"
+    subprocess.run(["cp", "-a", str(completed_run), str(copy_dir)], check=True)
+    shutil.rmtree(copy_dir / "results" / "tiny" / "model")
+    assert planned_jobs(snakemake(copy_dir, "-n")) == {}
+    planned = planned_jobs(snakemake(copy_dir, "-n", "--forcerun", "train"))
+    assert {"train", "average_model", "score", "compute_det", "export_model"} <= set(planned)
+    for doc in ("config/README.md", "docs/TROUBLESHOOTING.md"):
+        assert "--forcerun train" in (REPO / doc).read_text(), doc

@@ -5,7 +5,7 @@ rule compute_cmvn:
     input:
         data_list=f"{DATA}/train/data.list",
         script=script("compute_cmvn.py"),
-        code=code("kws/cmvn.py", "kws/features.py", "kws/audio.py", "kws/datalist.py"),
+        code=code_of("compute_cmvn.py"),
     output:
         f"{RESULTS}/cmvn/{{feat}}/global_cmvn",
     log:

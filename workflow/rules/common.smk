@@ -9,7 +9,13 @@ from pathlib import Path
 from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.features import fbank_settings
-from kws.launch import check_gpu_budget, slurm_resources, train_launcher
+from kws.launch import (
+    check_gpu_budget,
+    import_kws_from,
+    slurm_resources,
+    train_launcher,
+)
+from kws.sourcecode import imported_files
 
 REPO = Path(workflow.basedir).parent
 SCRIPTS = REPO / "scripts"
@@ -50,19 +56,24 @@ def keywords():
     return [w.strip("<>").lower() for w in words]
 
 
+def workdir_path(path):
+    """`path` relative to the working directory: Snakemake records input paths as written, so relative
+    ones let a copied or moved project folder (`cp -a`, rsync to scratch) find its results up to date.
+    """
+    return os.path.relpath(path)
+
+
 def script(name):
-    return str(SCRIPTS / name)
+    return workdir_path(SCRIPTS / name)
 
 
-def code(*paths):
-    """Source files a stage runs, declared as input so that editing them reruns the stage."""
-    return [str(REPO / p) for p in paths]
-
-
-# The model package: every file of it, so that an edit to any backbone retrains and rescores.
-MODEL_CODE = sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "kws" / "model").glob("*.py")
-)
+def code_of(*scripts):
+    """The kws modules the given scripts import (transitively), declared as input so that editing any
+    of them reruns the stage (kws.sourcecode reads the imports)."""
+    return [
+        workdir_path(REPO / path)
+        for path in imported_files(*(SCRIPTS / name for name in scripts), root=REPO)
+    ]
 
 
 def experiment(exp):
@@ -73,7 +84,7 @@ def model_config_path(exp):
     """An experiment's model config: relative to the working directory, else to the repository."""
     path = Path(experiment(exp)["model"])
     if not path.is_absolute() and not path.exists():
-        path = REPO / path
+        path = workdir_path(REPO / path)
     return str(path)
 
 
@@ -173,10 +184,12 @@ envvars:
     "PATH",
 
 
-# Scripts and torchrun run with the Python that runs Snakemake, even when its environment is not activated.
+# Scripts and torchrun run with the Python that runs Snakemake, even when its environment is not activated,
+# and import the kws package beside this workflow: the code each rule declares is the code it runs.
 os.environ["PATH"] = (
     f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 )
+import_kws_from(REPO)
 
 
 # Settings reach each stage as one string of named command-line arguments. Snakemake compares params
@@ -214,7 +227,7 @@ def average_args():
 
 def score_args():
     s = config["score"]
-    return f"--batch-size {s['batch_size']} --device {'cuda' if s['gpu'] else 'cpu'}"
+    return f"--device {'cuda' if s['gpu'] else 'cpu'}"
 
 
 def det_args():

@@ -15,9 +15,7 @@ if CORPUS["name"] == "synthetic":
     rule synthesize_corpus:
         input:
             script=script("synthesize_corpus.py"),
-            code=code(
-                "kws/synth/espeak.py", "kws/synth/augment.py", "kws/synth/corpus.py"
-            ),
+            code=code_of("synthesize_corpus.py"),
         output:
             **CORPUS_OUTPUTS,
         log:
@@ -39,7 +37,7 @@ else:
     rule prepare_corpus:
         input:
             script=script("prepare_corpus.py"),
-            code=code("kws/recipes.py"),
+            code=code_of("prepare_corpus.py"),
         output:
             **CORPUS_OUTPUTS,
         log:
@@ -61,7 +59,7 @@ rule make_list:
         text=f"{DATA}/{{split}}/text",
         words=f"{DATA}/dict/words.txt",
         script=script("make_list.py"),
-        code=code("kws/lists.py", "kws/datalist.py", "kws/audio.py"),
+        code=code_of("make_list.py"),
     output:
         wav_dur=f"{DATA}/{{split}}/wav.dur",
         data_list=f"{DATA}/{{split}}/data.list",

@@ -5,7 +5,7 @@ rule average_model:
     input:
         final=f"{OUT}/{{exp}}/model/final.yaml",
         script=script("average_model.py"),
-        code=code("kws/average.py"),
+        code=code_of("average_model.py"),
     output:
         f"{OUT}/{{exp}}/avg.pt",
     log:
@@ -28,7 +28,7 @@ rule score:
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
         script=script("score.py"),
-        code=code("kws/score.py", "kws/features.py", "kws/checkpoint.py", *MODEL_CODE),
+        code=code_of("score.py"),
     output:
         f"{OUT}/{{exp}}/score.txt",
     log:
@@ -40,6 +40,9 @@ rule score:
     threads: 2
     resources:
         gpu=config["score"]["gpu"],
+        # A resource, not a param: the batch size changes the speed, not a score (score.txt is
+        # byte-identical at any size), so it must not rescore.
+        batch_size=config["score"]["batch_size"],
     params:
         args=score_args(),
         launcher=(
@@ -49,7 +52,8 @@ rule score:
         ),
     shell:
         "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
-        " --dict {input.words} --out {output} {params.args} --threads {threads} > {log} 2>&1"
+        " --dict {input.words} --out {output} {params.args} --batch-size {resources.batch_size}"
+        " --threads {threads} > {log} 2>&1"
 
 
 rule compute_det:
@@ -58,7 +62,7 @@ rule compute_det:
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
         script=script("compute_det.py"),
-        code=code("kws/det.py"),
+        code=code_of("compute_det.py"),
     output:
         metrics=report(
             f"{OUT}/{{exp}}/metrics.json",
@@ -90,7 +94,7 @@ rule plot_det:
     input:
         stats=expand(f"{OUT}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
         script=script("plot_det.py"),
-        code=code("kws/plots.py"),
+        code=code_of("plot_det.py"),
     output:
         report(
             f"{OUT}/{{exp}}/det.png",
@@ -114,7 +118,7 @@ rule plot_training:
     input:
         final=f"{OUT}/{{exp}}/model/final.yaml",
         script=script("plot_training.py"),
-        code=code("kws/plots.py"),
+        code=code_of("plot_training.py"),
     output:
         report(
             f"{OUT}/{{exp}}/training.png",
@@ -143,7 +147,7 @@ rule compare_experiments:
         ),
         script=script("compare_experiments.py"),
         plot_script=script("plot_det.py"),
-        code=code("kws/det.py", "kws/plots.py"),
+        code=code_of("compare_experiments.py", "plot_det.py"),
     output:
         plot=report(
             f"{OUT}/comparison/det.png",

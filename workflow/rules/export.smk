@@ -8,7 +8,7 @@ rule export_model:
         test=f"{DATA}/test/data.list",
         words=f"{DATA}/dict/words.txt",
         script=script("export_model.py"),
-        code=code("kws/export.py", "kws/features.py", "kws/checkpoint.py", *MODEL_CODE),
+        code=code_of("export_model.py"),
     output:
         onnx=f"{OUT}/{{exp}}/export/model.onnx",
         torchscript=f"{OUT}/{{exp}}/export/model.pt",

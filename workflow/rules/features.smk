@@ -6,12 +6,8 @@
 rule cache_features:
     input:
         data_list=f"{DATA}/{{split}}/data.list",
-        code=code(
-            "kws/feature_cache.py",
-            "kws/features.py",
-            "kws/audio.py",
-            "kws/datalist.py",
-        ),
+        script=script("cache_features.py"),
+        code=code_of("cache_features.py"),
     output:
         directory(f"{RESULTS}/features/{{feat}}/{{split}}"),
     log:
@@ -24,5 +20,5 @@ rule cache_features:
     params:
         fbank=lambda wildcards: json.dumps(FEATURES[wildcards.feat], sort_keys=True),
     shell:
-        "python -m kws.feature_cache --data-list {input.data_list} --fbank-json {params.fbank:q}"
+        "python {input.script} --data-list {input.data_list} --fbank-json {params.fbank:q}"
         " --threads {threads} --out {output} > {log} 2>&1"

@@ -9,14 +9,7 @@ rule train:
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),
         model_config=lambda wildcards: model_config_path(wildcards.exp),
         script=script("train.py"),
-        code=code(
-            "kws/trainer.py",
-            "kws/dataset.py",
-            "kws/checkpoint.py",
-            "kws/loss.py",
-            "kws/features.py",
-            *MODEL_CODE,
-        ),
+        code=code_of("train.py"),
     output:
         f"{OUT}/{{exp}}/model/final.yaml",
     log:
@@ -38,16 +31,19 @@ rule train:
         launcher=lambda wildcards: launcher(wildcards.exp),
         args=lambda wildcards: train_args(wildcards.exp),
     shell:
-        "{params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
+        # kws.supervise: nothing of the training outlives Snakemake ($PPID) or the job, and each
+        # attempt's log is kept under logs/attempts/ (Snakemake deletes the log before a rerun).
+        "python -m kws.supervise --log {log} --watch-pid $PPID --"
+        " {params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
         " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir} --restart_on_change"
-        " {params.args} --timeout {resources.timeout_s} --threads {threads} > {log} 2>&1"
+        " {params.args} --timeout {resources.timeout_s} --threads {threads}"
 
 
 rule resolve_config:
     input:
         model_config=lambda wildcards: model_config_path(wildcards.exp),
         script=script("resolve_config.py"),
-        code=code("kws/config.py"),
+        code=code_of("resolve_config.py"),
     output:
         report(
             f"{OUT}/{{exp}}/config.yaml",
@@ -76,7 +72,7 @@ rule smoke_slice:
     input:
         data_list=f"{DATA}/{{split}}/data.list",
         script=script("slice_list.py"),
-        code=code("kws/datalist.py"),
+        code=code_of("slice_list.py"),
     output:
         f"{RESULTS}/smoke/data/{{split}}/data.list",
     log:
