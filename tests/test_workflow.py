@@ -41,6 +41,10 @@ def with_changes(**changes):
         ({"average": {"num": "ten"}}, "average.num: 'ten' is not of type 'integer'"),
         ({"det": {"window_shift": -1}}, "det.window_shift"),
         ({"corpus": {"name": "librispeech"}}, "corpus.name"),
+        *[
+            ({"corpus": {"name": name, "keywords": keywords}}, f"corpus.root is not set: corpus {name} is read from")
+            for name, keywords in [("mobvoi", []), ("speech_commands", []), ("snips", []), ("kaldi", ["<HEY>"])]
+        ],
     ],
 )
 def test_bad_config_stops_with_the_key_named(tmp_path, change, message):
