@@ -2,6 +2,7 @@
 
 import copy
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,27 @@ def test_gpu_request_above_budget_fails_instead_of_being_clamped(tmp_path):
     result = snakemake(tmp_path, "-n", "--resources", "gpu=2")
     assert result.returncode != 0
     assert "tiny asks for 4 GPU(s) but `--resources gpu=2` grants only 2" in result.stderr
+
+
+def test_default_training_command_passes_preflight_on_two_cpus(tmp_path, monkeypatch):
+    # The README's machine: 2 cores. The default config must not warn about its own settings every run.
+    from kws.preflight import CudaInfo, run_preflight
+    from kws.trainer import build_parser, resolve_config
+
+    make_workdir(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    result = snakemake(tmp_path, "-n", "--printshellcmds", "--cores", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("Shell command:") and "scripts/train.py" in line)
+    words = shlex.split(line.removeprefix("Shell command:"))
+    start = next(i for i, word in enumerate(words) if word.endswith("scripts/train.py")) + 1
+    args = build_parser().parse_args(words[start:words.index(">")])
+    monkeypatch.chdir(tmp_path)  # the model config's path is relative to the working directory
+    report = run_preflight({"gpus": args.gpus, "nproc_per_node": int(words[words.index("--nproc_per_node") + 1]),
+                            "config": resolve_config(args), "num_workers": args.num_workers,
+                            "threads": args.threads, "dist_backend": args.dist_backend},
+                           cuda=CudaInfo.fake(0), check_port_free=False)
+    assert report.cpus == 2 and list(report) == []
 
 
 def test_lint_and_format_are_clean():
