@@ -177,7 +177,7 @@ def bench_loader(table, args, corpus, caches):
     items = read_data_list(corpus / "train" / "data.list", num_keywords=2)
     if args.quick:
         items = items[:600]
-    workers = 1  # config/config.yaml train.num_workers
+    workers = 1  # one worker, as config/config.yaml train.num_workers had when the figures were measured
 
     def loader_rate(cache):
         torch.set_num_threads(1)

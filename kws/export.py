@@ -18,6 +18,7 @@ PyTorch model's whole-utterance posteriors is a KwsError and nothing is written.
 """
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -218,7 +219,11 @@ def write_torchscript(wrapper, meta, path):
                 raise KwsError(f"{path}: TorchScript export failed ({type(err).__name__}: "
                                f"{str(err).splitlines()[0][:300]})") from None
         module = torch.jit.freeze(module.eval())
-        torch.jit.save(module, str(path), _extra_files={META_FILE: json.dumps(meta, sort_keys=True)})
+        # Saved to memory first: saved to a file, the zip's entries are named after it (here a random
+        # temporary name), so two identical exports would differ byte for byte.
+        buffer = io.BytesIO()
+        torch.jit.save(module, buffer, _extra_files={META_FILE: json.dumps(meta, sort_keys=True)})
+    Path(path).write_bytes(buffer.getvalue())
     return how
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kws.audio import SAMPLE_RATE, wav_info
-from kws.datalist import read_dictionary, read_numbered_map, write_data_list
+from kws.datalist import keyword_names, read_dictionary, read_numbered_map, write_data_list
 from kws.errors import KwsError
 from kws.fileio import atomic_open
 
@@ -35,6 +35,7 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             raise KwsError(f"{text_path}:{number}: utterance {key!r} has no entry in {scp_path}")
         if label not in dictionary:
             raise KwsError(f"{text_path}:{number}: label {label!r} of {key!r} is not in {dict_path}")
+    check_keyword_positives((label for _, label in text.values()), dictionary, data_dir.name, text_path)
     for key, (number, wav) in scp.items():
         if wav.endswith("|"):
             raise KwsError(f"{scp_path}:{number}: {key}: piped commands are not supported, give a wav file path")
@@ -53,6 +54,18 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             raise KwsError(f"{scp_path}:{number}: {err}")
         items.append({"key": key, "txt": dictionary[text[key][1]], "duration": duration, "wav": wav})
     return items
+
+
+def check_keyword_positives(labels, dictionary, split, where):
+    """Every keyword of `dictionary` must label at least one of `labels` (the split's text tokens).
+
+    A keyword without positives in test has no FRR, so its DET fails, and that only after training;
+    without any in train or dev it is never learned or never validated. Stop at the lists instead."""
+    present = set(labels)
+    missing = [token for token in keyword_names(dictionary) if token not in present]
+    if missing:
+        raise KwsError(f"{where}: the {split} split has no utterance of keyword {', '.join(missing)}: every "
+                       f"keyword needs positives in train, dev and test (use a larger corpus or other keywords)")
 
 
 def _header_at(wav, expected_rate):

@@ -65,6 +65,16 @@ def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world
                 assert torch.all(feats[row, length:] == 0)
 
 
+def test_no_worker_and_one_worker_give_the_same_batches(train_list):
+    # train.num_workers defaults to 0 on 2-core machines; a user who sets 1 must train the same model.
+    data_list, _ = train_list
+    batches = [epoch_batches(data_list, conf(), 2, workers, epoch=1) for workers in (0, 1)]
+    flat = [[(b[0], *b[1:]) for rank in sorted(result) for b in result[rank]] for result in batches]
+    assert len(flat[0]) == len(flat[1])
+    for (keys0, *tensors0), (keys1, *tensors1) in zip(*flat):
+        assert keys0 == keys1 and all(torch.equal(a, b) for a, b in zip(tensors0, tensors1))
+
+
 def test_deterministic_and_epoch_dependent(train_list):
     data_list, _ = train_list
     first = epoch_batches(data_list, conf(), 2, 2, epoch=0)

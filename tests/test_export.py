@@ -91,6 +91,22 @@ def test_export_writes_files_and_report(export_dir):
     assert meta["thresholds"] == {"<HI_XIAOWEN>": 0.63, "<NIHAO_WENWEN>": 0.5}
 
 
+def test_exports_of_the_same_checkpoint_are_byte_identical(tmp_path):
+    # Two runs of the workflow's export step (a fresh process each, as Snakemake runs it): a rebuilt
+    # model must be recognisably the same file (checksums, Snakemake's input checks, deployments).
+    import subprocess
+    import sys
+
+    root, _ = make_checkpoint(tmp_path / "ckpt")
+    for out in ("a", "b"):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "export_model.py"), "--checkpoint", str(root / "avg.pt"),
+                        "--dict", str(root / "words.txt"), "--metrics", str(root / "metrics.json"),
+                        "--test-data", str(root / "data.list"), "--out-dir", str(tmp_path / out), "--num-utts", "3"],
+                       check=True, capture_output=True, cwd=ROOT)
+    for name in ("model.pt", "model.onnx"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
 def test_onnx_metadata_and_io(export_dir):
     import onnx
 

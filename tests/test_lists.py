@@ -168,6 +168,18 @@ def test_bad_tables_cli(tiny_corpus, tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_split_without_a_keyword_stops_at_the_lists(tiny_corpus, split):
+    # e.g. Speech Commands' `no` missing from a small corpus's test split: its DET would fail after training
+    folder = tiny_corpus / split
+    for name in ("wav.scp", "text"):
+        lines = (folder / name).read_text().splitlines(keepends=True)
+        (folder / name).write_text("".join(line for line in lines if "_c2_" not in line))
+    assert_one_line_error(run_make_list(folder, tiny_corpus / "dict" / "words.txt"),
+                          f"{folder / 'text'}: the {split} split has no utterance of keyword <NIHAO_WENWEN>")
+    assert leftovers(folder) == []
+
+
 def test_existing_outputs_untouched_on_error(tiny_corpus):
     split = tiny_corpus / "dev"
     make_list(split, tiny_corpus / "dict" / "words.txt")

@@ -64,7 +64,8 @@ def test_scripts(tmp_path):
     run = [sys.executable, str(ROOT / "scripts" / "plot_det.py")]
     proc = subprocess.run(run + ["--stats", str(paths[0]), str(paths[1]), "--labels", "a", "b", "--title", "e1",
                                  "--out", str(tmp_path / "det.png")], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr and _is_png(tmp_path / "det.png")
+    assert proc.returncode == 0, proc.stderr
+    assert _is_png(tmp_path / "det.png")
     proc = subprocess.run(run + ["--compare", "--stats", *map(str, paths), "--out", str(tmp_path / "cmp.png")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

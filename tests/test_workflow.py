@@ -2,6 +2,7 @@
 
 import copy
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def with_changes(**changes):
         ({"average": {"num": "ten"}}, "average.num: 'ten' is not of type 'integer'"),
         ({"det": {"window_shift": -1}}, "det.window_shift"),
         ({"corpus": {"name": "librispeech"}}, "corpus.name"),
+        *[
+            ({"corpus": {"name": name, "keywords": keywords}}, f"corpus.root is not set: corpus {name} is read from")
+            for name, keywords in [("mobvoi", []), ("speech_commands", []), ("snips", []), ("kaldi", ["<HEY>"])]
+        ],
     ],
 )
 def test_bad_config_stops_with_the_key_named(tmp_path, change, message):
@@ -67,6 +72,65 @@ def test_gpu_request_above_budget_fails_instead_of_being_clamped(tmp_path):
     result = snakemake(tmp_path, "-n", "--resources", "gpu=2")
     assert result.returncode != 0
     assert "tiny asks for 4 GPU(s) but `--resources gpu=2` grants only 2" in result.stderr
+
+
+def readme_section(title):
+    """The text of a `### title` section of config/README.md."""
+    text = (REPO / "config" / "README.md").read_text()
+    return text.split(f"### {title}\n", 1)[1].split("\n#", 1)[0]
+
+
+def test_documented_ways_to_set_a_key_inside_a_section_work(tmp_path):
+    config = with_changes(**{"corpus/seed": 7})
+    make_workdir(tmp_path, config)
+    commands = [line for line in readme_section("Changing settings for one run").splitlines()
+                if line.startswith("snakemake ")]
+    assert len(commands) == 2 and {"--config", "--configfile"} <= {w for c in commands for w in shlex.split(c)}
+    for command in commands:
+        command, _, comment = command.partition("#")
+        if "--configfile" in command:  # the file's content is given in the comment
+            name, _, content = comment.strip().partition(": ")
+            (tmp_path / name).write_text(yaml.safe_dump(yaml.safe_load(content)))
+        result = snakemake(tmp_path, "-n", "--printshellcmds", *shlex.split(command)[1:])
+        assert result.returncode == 0, command + result.stderr[-3000:]
+        assert "prepare_corpus.py --corpus mobvoi --root /data/mobvoi " in result.stdout, command
+        # merged, not replaced: the corpus keys not named keep the config file's values
+        pipeline = next(line for line in result.stdout.splitlines() if "resolve_config.py" in line
+                        and line.startswith("Shell command:"))
+        assert '"seed": 7' in pipeline and '"name": "mobvoi"' in pipeline, pipeline
+
+
+def test_dotted_config_key_fails_as_documented_before_anything_is_written(tmp_path):
+    # Snakemake refuses it in its own argument parsing, before the Snakefile runs: the README says so
+    # and quotes the message, so a user searching for it finds the forms that work.
+    make_workdir(tmp_path)
+    result = snakemake(tmp_path, "-n", "--config", "corpus.name=mobvoi")
+    assert result.returncode != 0
+    documented = next(line for line in readme_section("Changing settings for one run").splitlines()
+                      if line.startswith("ValueError:"))
+    assert documented in (result.stdout + result.stderr).splitlines()
+    assert not (tmp_path / "results").exists()
+
+
+def test_default_training_command_passes_preflight_on_two_cpus(tmp_path, monkeypatch):
+    # The README's machine: 2 cores. The default config must not warn about its own settings every run.
+    from kws.preflight import CudaInfo, run_preflight
+    from kws.trainer import build_parser, resolve_config
+
+    make_workdir(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    result = snakemake(tmp_path, "-n", "--printshellcmds", "--cores", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("Shell command:") and "scripts/train.py" in line)
+    words = shlex.split(line.removeprefix("Shell command:"))
+    start = next(i for i, word in enumerate(words) if word.endswith("scripts/train.py")) + 1
+    args = build_parser().parse_args(words[start:words.index(">")])
+    monkeypatch.chdir(tmp_path)  # the model config's path is relative to the working directory
+    report = run_preflight({"gpus": args.gpus, "nproc_per_node": int(words[words.index("--nproc_per_node") + 1]),
+                            "config": resolve_config(args), "num_workers": args.num_workers,
+                            "threads": args.threads, "dist_backend": args.dist_backend},
+                           cuda=CudaInfo.fake(0), check_port_free=False)
+    assert report.cpus == 2 and list(report) == []
 
 
 def test_lint_and_format_are_clean():

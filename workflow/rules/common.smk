@@ -48,6 +48,14 @@ def fail(message):
     sys.exit(f"error: {message}")
 
 
+# Unset, the recipe would be handed the text "None" and report "None/...: folder not found".
+if CORPUS["name"] != "synthetic" and not CORPUS["root"]:
+    fail(
+        f"config: corpus.root is not set: corpus {CORPUS['name']} is read from the folder you"
+        " downloaded and unpacked (see the README's recipes)"
+    )
+
+
 def keywords():
     """Keyword names (lower case, no brackets) of the configured corpus."""
     words = CORPUS["keywords"] or DEFAULT_KEYWORDS[CORPUS["name"]]
