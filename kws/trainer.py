@@ -47,9 +47,9 @@ import yaml
 
 from kws import checkpoint as ckpt
 from kws.cmvn import read_cmvn
-from kws.config import apply_overrides, load_model_config
+from kws.config import apply_overrides, load_model_config, set_model_dims
 from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
-from kws.datalist import read_data_list
+from kws.datalist import dictionary_arg, read_data_list
 from kws.distributed import barrier_or_fail, cleanup, exit_with_launcher, init_distributed
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
@@ -95,6 +95,9 @@ def build_parser():
     p.add_argument("--cmvn_file", default=None, help="global_cmvn JSON (WeKws)")
     p.add_argument("--norm_var", action="store_true", help="normalise variance too (else mean only)")
     p.add_argument("--num_keywords", type=int, default=1, help="number of keywords (model outputs)")
+    p.add_argument("--dict", default=None,
+                   help="keyword dictionary: WeKws's dict folder (dict.txt) or a words.txt with ids; maps data.list "
+                        "tokens to keyword ids, needed for lists with tokens, checked against --num_keywords")
     p.add_argument("--min_duration", type=int, default=50, help="frames before which a keyword may not count")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="set a dotted config key, value parsed as YAML/JSON (repeatable)")
@@ -429,7 +432,7 @@ def resolve_config(args):
     config.setdefault("optim_conf", {"lr": 0.001})
     if args.cmvn_file is not None:  # recorded as WeKws does; the statistics themselves are model buffers
         config["model"]["cmvn"] = {"norm_var": bool(args.norm_var), "cmvn_file": str(args.cmvn_file)}
-    return config
+    return set_model_dims(config, args.num_keywords, args.config)
 
 
 def _comparable(config):
@@ -568,8 +571,9 @@ def _train(args, config, tc, model_dir, rank, world_size, device, backend, threa
     max_epoch = int(tc["max_epoch"])
 
     # Data first: a bad list fails before anything is written.
-    train_items = read_data_list(args.train_data, num_keywords=args.num_keywords)
-    cv_items = read_data_list(args.cv_data, num_keywords=args.num_keywords)
+    dictionary = dictionary_arg(args.dict, args.num_keywords)
+    train_items = read_data_list(args.train_data, args.num_keywords, dictionary)
+    cv_items = read_data_list(args.cv_data, args.num_keywords, dictionary)
     run.train_set = KwsDataset(args.train_data, config["dataset_conf"], seed=args.seed, rank=rank,
                                world_size=world_size, items=train_items, feature_cache=args.train_feature_cache)
     cv_set = KwsDataset(args.cv_data, cv_dataset_conf(config["dataset_conf"]), seed=args.seed, rank=rank,

@@ -102,7 +102,7 @@ def test_pipeline_writes_metrics_plots_and_stats(completed_run):
     stats = (exp / "det" / "stats.hi_xiaowen.txt").read_text().split("\n")
     assert len([line for line in stats if line.strip()]) == 100
     resolved = yaml.safe_load((exp / "config.yaml").read_text())
-    assert resolved["model_config"]["training_config"]["max_epoch"] == 2
+    assert resolved["training_config"]["max_epoch"] == 2
 
 
 @pytest.mark.slow

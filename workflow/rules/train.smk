@@ -6,12 +6,15 @@ rule train:
         unpack(feature_cache_inputs),
         train=training_list("train"),
         cv=training_list("dev"),
+        words=f"{DATA}/dict/words.txt",
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),
         model_config=lambda wildcards: model_config_path(wildcards.exp),
         script=script("train.py"),
         code=code(
             "kws/trainer.py",
             "kws/dataset.py",
+            "kws/datalist.py",
+            "kws/config.py",
             "kws/checkpoint.py",
             "kws/loss.py",
             "kws/features.py",
@@ -39,7 +42,7 @@ rule train:
         args=lambda wildcards: train_args(wildcards.exp),
     shell:
         "{params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
-        " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir} --restart_on_change"
+        " --cv_data {input.cv} --dict {input.words} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir} --restart_on_change"
         " {params.args} --timeout {resources.timeout_s} --threads {threads} > {log} 2>&1"
 
 
