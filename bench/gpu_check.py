@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kws.config import load_model_config  # noqa: E402
+from kws.datalist import read_dictionary  # noqa: E402
 from kws.loss import max_pooling_loss  # noqa: E402
 from kws.model import build_model  # noqa: E402
 
@@ -84,7 +85,8 @@ def loader_throughput(corpus, workers, batches=40):
     from kws.dataset import KwsDataset, make_loader
 
     conf = load_model_config(REPO / "config/models/ds_tcn.yaml")
-    dataset = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], seed=666, rank=0, world_size=1)
+    dataset = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], seed=666, rank=0, world_size=1,
+                         dictionary=read_dictionary(corpus / "dict" / "words.txt"))
     loader = make_loader(dataset, workers, True, 4)
     count, seen, start = 0, 0, None
     for epoch in range(1000):
@@ -107,7 +109,7 @@ def torchrun_epoch(corpus, workdir):
                "--config", str(REPO / "config/models/ds_tcn.yaml"), "--max_epoch", "1",
                "--train_data", str(corpus / "train/data.list"), "--cv_data", str(corpus / "dev/data.list"),
                "--model_dir", str(model_dir), "--num_keywords", "2", "--min_duration", "50", "--num_workers", "8",
-               "--pin_memory"]
+               "--pin_memory", "--dict", str(corpus / "dict" / "words.txt")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=400)
     if result.returncode != 0:
         return f"failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"

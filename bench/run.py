@@ -169,12 +169,12 @@ def bench_loader(table, args, corpus, caches):
 
     from kws.config import load_model_config
     from kws.dataset import KwsDataset, make_loader
-    from kws.datalist import read_data_list
+    from kws.datalist import read_data_list, read_dictionary
     from kws.loss import max_pooling_loss
     from kws.model import build_model
 
     conf = load_model_config(MODEL)
-    items = read_data_list(corpus / "train" / "data.list", num_keywords=2)
+    items = read_data_list(corpus / "train" / "data.list", dictionary=read_dictionary(corpus / "dict" / "words.txt"))
     if args.quick:
         items = items[:600]
     workers = 1  # one worker, as config/config.yaml train.num_workers had when the figures were measured
@@ -238,7 +238,7 @@ def train_epoch(corpus, out, processes, threads, workers, caches=None, train_lis
            "--train_data", str(train_list), "--cv_data", str(corpus / "dev" / "data.list"),
            "--model_dir", str(out), "--num_keywords", "2", "--min_duration", "50", "--seed", "666",
            "--max_epoch", "1", "--num_workers", str(workers), "--threads", str(threads * processes),
-           "--gpus", "-1"]
+           "--gpus", "-1", "--dict", str(corpus / "dict" / "words.txt")]
     for override in overrides:
         cmd += ["--override", override]
     if caches:
@@ -275,11 +275,13 @@ def padded_frames(corpus, sort):
     """(padded, real) frames of one epoch's training batches of the default model config, 1 process."""
     from kws.config import load_model_config
     from kws.dataset import KwsDataset
+    from kws.datalist import read_dictionary
 
     conf = load_model_config(MODEL)["dataset_conf"]
     conf = dict(conf, sort=sort, spec_aug=False, fbank_conf=dict(conf["fbank_conf"], dither=0.0))
     padded = real = 0
-    for _, feats, lengths, _ in KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1):
+    for _, feats, lengths, _ in KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1,
+                                           dictionary=read_dictionary(corpus / "dict" / "words.txt")):
         padded += feats.shape[0] * feats.shape[1]
         real += int(lengths.sum())
     return padded, real
@@ -301,7 +303,7 @@ def bench_sort(table, args, corpus, tmp):
 def bench_threads(table, args, corpus, caches, tmp):
     from kws.datalist import read_data_list, write_data_list
 
-    items = read_data_list(corpus / "train" / "data.list", num_keywords=2)[: (300 if args.quick else 600)]
+    items = read_data_list(corpus / "train" / "data.list")[: (300 if args.quick else 600)]
     subset = Path(tmp) / "subset.list"
     write_data_list(subset, items)
     for label, cache in (("on-the-fly", None), ("cache", caches)):
@@ -377,7 +379,7 @@ def bench_score(table, args, corpus, tmp):
     torch.save({"model": model.state_dict(), "config": conf, "num_keywords": 2, "input_dim": 40,
                 "epoch": "avg"}, ckpt)
     split = "test" if (corpus / "test" / "data.list").is_file() else "dev"
-    items = read_data_list(corpus / split / "data.list", num_keywords=2)
+    items = read_data_list(corpus / split / "data.list")
     limit = 900.0 if args.quick else 3600.0
     chosen, seconds = [], 0.0
     for item in items:

@@ -45,8 +45,31 @@ def apply_overrides(conf, overrides, source="overrides"):
 
 
 # Keys of a model config's `model:` section. WeKws configs also carry input_dim/output_dim/activation;
-# kwsflow records its CMVN settings under `cmvn`.
-MODEL_KEYS = {"hidden_dim", "preprocessing", "backbone", "classifier", "activation", "input_dim", "output_dim", "cmvn"}
+# kwsflow records its CMVN settings under `cmvn`, and the dropout before its linear output layer under
+# `classifier_dropout` (WeKws ignores the key: its linear layer has no dropout, which changes nothing at
+# inference). `classifier` is read for older kwsflow configs only: WeKws knows no `linear` type there.
+MODEL_KEYS = {"hidden_dim", "preprocessing", "backbone", "classifier", "classifier_dropout", "activation",
+              "input_dim", "output_dim", "cmvn"}
+
+# Every backbone key kwsflow reads, with its default; configs are written with all of them, because
+# WeKws requires some that kwsflow defaults (tcn/gru num_layers; every mdtc key). mdtc's hidden_dim
+# defaults to the model's.
+BACKBONE_DEFAULTS = {
+    "tcn": {"ds": False, "num_layers": 4, "kernel_size": 8, "dropout": 0.1},
+    "mdtc": {"num_stack": 4, "stack_size": 4, "kernel_size": 5, "hidden_dim": None, "causal": True},
+    "gru": {"num_layers": 2, "dropout": 0.0},
+}
+# WeKws's classifiers for utterance classification (speech commands): kwsflow scores per frame only.
+WEKWS_CLASSIFIERS = ("global", "last", "identity")
+
+# kwsflow's dataset defaults. WeKws HEAD (wenet's data pipeline) shuffles, sorts and applies SpecAugment
+# unless told otherwise and then needs shuffle_conf/sort_conf sizes; kwsflow does none of these unless
+# told, so configs are written with every switch and size spelt out: both tools then read them alike.
+DEFAULT_FILTER = {"max_length": 10240, "min_length": 0}
+DEFAULT_SPEC_AUG = {"num_t_mask": 1, "num_f_mask": 1, "max_t": 20, "max_f": 10}
+DEFAULT_SHUFFLE_SIZE = 1500
+DEFAULT_SORT_SIZE = 500
+DEFAULT_BATCH_SIZE = 16
 
 
 def check_model_keys(model_conf, source="model"):
@@ -56,14 +79,150 @@ def check_model_keys(model_conf, source="model"):
         raise KwsError(f"{source}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(MODEL_KEYS))})")
 
 
+def _mapping(parent, key, where):
+    """parent[key] as a (new, when absent or null) mapping; a KwsError naming the key otherwise."""
+    value = parent.get(key)
+    if value is None:
+        value = parent[key] = {}
+    if not isinstance(value, dict):
+        raise KwsError(f"{where}.{key}: expected a mapping, got {value!r}")
+    return value
+
+
+def fbank_conf_of(dataset_conf, where="dataset_conf"):
+    """The fbank settings of a dataset_conf, defaults filled, from either WeKws layout.
+
+    WeKws HEAD: `feats_type: fbank` (the default) and `fbank_conf`; WeKws's older configs (still its
+    tcn/gru/mdtc.yaml): `feature_extraction_conf: {feature_type: fbank, ...}`. kwsflow computes fbank
+    only, so MFCC is refused rather than silently replaced.
+    """
+    from kws.features import fbank_settings
+
+    feats_type = dataset_conf.get("feats_type", "fbank")
+    if feats_type != "fbank":
+        raise KwsError(f"{where}.feats_type: {feats_type!r} is not supported (kwsflow computes fbank)")
+    conf = dataset_conf.get("fbank_conf")
+    if conf is None and dataset_conf.get("feature_extraction_conf") is not None:
+        conf = dict(dataset_conf["feature_extraction_conf"])
+        kind = conf.pop("feature_type", "fbank")
+        if kind != "fbank":
+            raise KwsError(f"{where}.feature_extraction_conf.feature_type: {kind!r} is not supported (kwsflow "
+                           f"computes fbank; set feature_type: fbank, num_mel_bins the feature dimension)")
+        conf.pop("num_ceps", None)
+    if conf is not None and not isinstance(conf, dict):
+        raise KwsError(f"{where}.fbank_conf: expected a mapping, got {conf!r}")
+    return fbank_settings(conf)
+
+
+def normalise_dataset_conf(dataset_conf, where="dataset_conf"):
+    """A copy of dataset_conf in WeKws HEAD's layout with kwsflow's defaults written out."""
+    conf = copy.deepcopy(dataset_conf)
+    conf["fbank_conf"] = fbank_conf_of(conf, where)
+    conf.pop("feature_extraction_conf", None)
+    _mapping(conf, "filter_conf", where)
+    for name, value in DEFAULT_FILTER.items():
+        conf["filter_conf"].setdefault(name, value)
+    for switch, section, defaults in (("shuffle", "shuffle_conf", {"shuffle_size": DEFAULT_SHUFFLE_SIZE}),
+                                      ("sort", "sort_conf", {"sort_size": DEFAULT_SORT_SIZE}),
+                                      ("spec_aug", "spec_aug_conf", DEFAULT_SPEC_AUG)):
+        conf[switch] = bool(conf.get(switch, False))
+        if conf[switch]:
+            values = _mapping(conf, section, where)
+            for name, value in defaults.items():
+                values.setdefault(name, value)
+    batch = _mapping(conf, "batch_conf", where)
+    if batch.get("batch_type", "static") == "static":
+        batch.setdefault("batch_size", DEFAULT_BATCH_SIZE)
+    return conf
+
+
+def _normalise_backbone(conf, where):
+    backbone = _mapping(conf, "backbone", where)
+    kind = backbone.get("type")
+    if kind not in BACKBONE_DEFAULTS:
+        raise KwsError(f"{where}.backbone.type: unknown backbone {kind!r} ({'|'.join(BACKBONE_DEFAULTS)})")
+    if kind == "mdtc" and "stack_num" in backbone:
+        if "num_stack" in backbone:
+            raise KwsError(f"{where}.backbone: give stack_num or num_stack (WeKws spelling), not both")
+        backbone["num_stack"] = backbone.pop("stack_num")
+    unknown = sorted(set(backbone) - set(BACKBONE_DEFAULTS[kind]) - {"type"})
+    if unknown:
+        raise KwsError(f"{where}.backbone.{unknown[0]}: unknown key for backbone {kind!r}")
+    for name, value in BACKBONE_DEFAULTS[kind].items():
+        backbone.setdefault(name, conf.get("hidden_dim") if value is None else value)
+
+
+def normalise_model_conf(model_conf, where="model"):
+    """A copy of the `model:` section as WeKws's init_model reads it and kwsflow builds it.
+
+    Written out: preprocessing type, every backbone key (WeKws's `num_stack`, not `stack_num`), and
+    `classifier_dropout` in place of an older kwsflow `classifier: {type: linear, dropout}`.
+    """
+    if not isinstance(model_conf, dict):
+        raise KwsError(f"{where}: expected a mapping, got {model_conf!r}")
+    conf = copy.deepcopy(model_conf)
+    check_model_keys(conf, where)
+    prep = _mapping(conf, "preprocessing", where)
+    prep["type"] = prep.get("type", "linear") or "none"  # `type: null` has always meant none
+
+    if "backbone" in conf:  # absent: a config read for its features only (CMVN); build_model says so
+        _normalise_backbone(conf, where)
+
+    classifier = conf.pop("classifier", None)
+    if classifier is not None:
+        if not isinstance(classifier, dict):
+            raise KwsError(f"{where}.classifier: expected a mapping, got {classifier!r}")
+        ctype = classifier.get("type", "linear")
+        if ctype in WEKWS_CLASSIFIERS:
+            raise KwsError(f"{where}.classifier.type: WeKws's {ctype!r} classifier (utterance classification) is "
+                           f"not supported; leave model.classifier out for the per-frame linear layer")
+        if ctype != "linear":
+            raise KwsError(f"{where}.classifier.type: unknown classifier {ctype!r} (leave model.classifier out)")
+        unknown = sorted(set(classifier) - {"type", "dropout"})
+        if unknown:
+            raise KwsError(f"{where}.classifier.{unknown[0]}: unknown key")
+        if "dropout" in classifier and "classifier_dropout" in conf:
+            raise KwsError(f"{where}: give classifier_dropout or classifier.dropout, not both")
+        if classifier.get("dropout"):
+            conf["classifier_dropout"] = classifier["dropout"]
+    return conf
+
+
 def load_model_config(path, overrides=None):
-    """A WeKws-style model config with overrides applied and the sections the pipeline needs checked."""
+    """A model config with overrides applied, checked, and normalised so that WeKws HEAD reads it too.
+
+    Accepts WeKws's layouts (HEAD's `fbank_conf`, the older `feature_extraction_conf`) and kwsflow's
+    older `classifier: {type: linear}`; returns WeKws HEAD's layout (see normalise_*).
+    """
     conf = apply_overrides(load_yaml(path), overrides, source=str(path))
     for section in ("dataset_conf", "model", "training_config"):
         if not isinstance(conf.get(section), dict):
             raise KwsError(f"{path}: missing section {section!r}")
-    check_model_keys(conf["model"], source=f"{path}: model")
+    conf["dataset_conf"] = normalise_dataset_conf(conf["dataset_conf"], f"{path}: dataset_conf")
+    conf["model"] = normalise_model_conf(conf["model"], f"{path}: model")
     return conf
+
+
+def set_model_dims(config, num_keywords, source="config"):
+    """Record model.input_dim (the fbank dimension) and model.output_dim (the keywords), as WeKws's train.py
+    does in the config.yaml it writes: its score.py and export scripts build the model from them."""
+    model = config["model"]
+    dims = {"input_dim": int(config["dataset_conf"]["fbank_conf"]["num_mel_bins"]), "output_dim": int(num_keywords)}
+    for key, value in dims.items():
+        if model.get(key, value) != value:
+            raise KwsError(f"{source}: model.{key} is {model[key]!r} but the run needs {value} "
+                           f"(fbank num_mel_bins / --num_keywords); leave model.{key} out")
+        model[key] = value
+    return config
+
+
+def experiment_record(model_config, experiment, pipeline):
+    """An experiment's resolved config.yaml: the model config at the top, as WeKws's --config reads it,
+    and kwsflow's own settings (the experiment entry and the pipeline) under `kwsflow` (WeKws ignores it).
+    """
+    record = copy.deepcopy(model_config)
+    record["kwsflow"] = {"experiment": experiment, "pipeline": pipeline}
+    return record
 
 
 def dump_yaml(data):

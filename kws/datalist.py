@@ -1,5 +1,10 @@
 """Readers for Kaldi-style files, WeKws `data.list` JSON lines and the keyword dictionary.
 
+`data.list` comes in WeKws's two generations: until its 2025-02 data-pipeline change `txt` was the
+integer keyword id (0, 1, -1); since then it is the token (`"<HI_XIAOWEN>"`, `"<FILLER>"`). kwsflow
+writes tokens (what WeKws HEAD's compute_det.py reads) and reads both; a token becomes a keyword id
+through the dictionary.
+
 Every reader reports bad input as a KwsError naming the file and line.
 """
 
@@ -80,10 +85,42 @@ def write_dictionary(path, keywords, filler="<FILLER>"):
             out.write(f"{token} {index}\n")
 
 
-def read_data_list(path, num_keywords=None):
-    """Read a WeKws `data.list`: a list of dicts with key, txt (int label), duration, wav."""
+def dictionary_arg(path, num_keywords=None):
+    """The dictionary of a `--dict` argument (None when not given), checked against `num_keywords`.
+
+    `path` is a words.txt-style file or WeKws's dict folder: WeKws's holds `dict.txt` (`<TOKEN> id`) and
+    `words.txt` (tokens only), kwsflow's `words.txt` with ids; a folder is read through its dict.txt
+    when it has one, else its words.txt.
+    """
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        path = path / "dict.txt" if (path / "dict.txt").is_file() else path / "words.txt"
+    dictionary = read_dictionary(path)
+    count = len(keyword_names(dictionary))
+    if num_keywords is not None and count != num_keywords:
+        # Labels and model outputs would disagree.
+        raise KwsError(f"--dict {path}: lists {count} keyword(s) but --num_keywords is {num_keywords}")
+    return dictionary
+
+
+_KIND = {"integer": "an integer keyword id", "token": "a token"}
+
+
+def read_data_list(path, num_keywords=None, dictionary=None):
+    """Read a WeKws `data.list`: a list of dicts with key, txt, duration, wav and `label`.
+
+    `txt` is kept as written (an integer id or a token, see the module docstring); `label` is the
+    keyword id (-1 for fillers), or None for tokens when no `dictionary` is given (a list that is
+    only copied, sliced or featurised needs no labels; `require_labels` says so where it does).
+    """
+    tokens = dictionary if dictionary is not None else {}
+    if num_keywords is None and dictionary is not None:
+        num_keywords = len(keyword_names(dictionary))
     items = []
     seen = set()
+    kinds = {}  # txt kind -> its first line: a list mixing the two generations is refused
     for number, line in enumerate(_open_lines(path), start=1):
         if not line.strip():
             continue
@@ -104,23 +141,46 @@ def read_data_list(path, num_keywords=None):
         if item["key"] in seen:
             raise KwsError(f"{path}:{number}: duplicate key {item['key']!r}")
         seen.add(item["key"])
-        label = item["txt"]
-        if not isinstance(label, int) or isinstance(label, bool):
-            raise KwsError(f"{path}:{number}: txt must be an integer keyword id, got {label!r}")
-        if label < FILLER or (num_keywords is not None and label >= num_keywords):
-            raise KwsError(f"{path}:{number}: label {label} is not a keyword id (-1..{(num_keywords or 1) - 1})")
+        txt = item["txt"]
+        if isinstance(txt, int) and not isinstance(txt, bool):
+            kind, label = "integer", txt
+            if label < FILLER or (num_keywords is not None and label >= num_keywords):
+                raise KwsError(f"{path}:{number}: label {label} is not a keyword id (-1..{(num_keywords or 1) - 1})")
+        elif isinstance(txt, str) and txt.strip():
+            kind, label = "token", None
+            if dictionary is not None:
+                if txt not in tokens:
+                    raise KwsError(f"{path}:{number}: txt {txt[:60]!r} is not a token of the dictionary")
+                label = tokens[txt]
+        else:
+            raise KwsError(f"{path}:{number}: txt must be a keyword token (\"<HI_XIAOWEN>\") or an integer "
+                           f"keyword id, got {repr(txt)[:60]}")
+        kinds.setdefault(kind, number)
+        if len(kinds) > 1:
+            other = "integer" if kind == "token" else "token"
+            raise KwsError(f"{path}:{number}: txt is {_KIND[kind]} but line {kinds[other]} has {_KIND[other]} "
+                           f"(WeKws's old and new formats mixed); write one format")
         duration = item["duration"]
         if (isinstance(duration, bool) or not isinstance(duration, (int, float))
                 or not 0 < duration < float("inf")):
             raise KwsError(f"{path}:{number}: duration must be a positive number, got {item['duration']!r}")
+        item["label"] = label
         items.append(item)
     if not items:
         raise KwsError(f"{path}: no utterances")
     return items
 
 
+def require_labels(items, path):
+    """Every item's keyword id is known; else say that the token list needs its dictionary."""
+    for item in items:
+        if item.get("label") is None:
+            raise KwsError(f"{path}: utterance {item['key']!r} is labelled with the token {item['txt']!r}; "
+                           f"give the dictionary (train.py --dict) to map tokens to keyword ids")
+
+
 def write_data_list(path, items):
-    """Write a `data.list` atomically, one JSON object per line, keys in WeKws order."""
+    """Write a `data.list` atomically, one JSON object per line, keys in WeKws order (`label` not written)."""
     from kws.fileio import atomic_open
 
     with atomic_open(path) as out:

@@ -35,31 +35,19 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import IterableDataset, get_worker_info
 
 from kws.audio import read_wav
-from kws.datalist import read_data_list
+from kws.config import (DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE,
+                        DEFAULT_SPEC_AUG, fbank_conf_of)
+from kws.datalist import read_data_list, require_labels
 from kws.distributed import die_with_parent
 from kws.errors import KwsError
-from kws.features import compute_fbank, fbank_settings
-
-DEFAULT_FILTER = {"max_length": 10240, "min_length": 0}
-DEFAULT_SPEC_AUG = {"num_t_mask": 1, "num_f_mask": 1, "max_t": 20, "max_f": 10}
-DEFAULT_SHUFFLE_SIZE = 1500
-DEFAULT_BATCH_SIZE = 16
+from kws.features import compute_fbank
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 1, 2, 3, 4
-DEFAULT_SORT_SIZE = 500
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
 PAD_MULTIPLE = 32
-
-
-def fbank_conf_of(dataset_conf):
-    """The fbank settings of a dataset_conf (`fbank_conf`, or WeKws's newer `feature_extraction_conf`)."""
-    conf = dataset_conf.get("fbank_conf")
-    if conf is None:
-        conf = dataset_conf.get("feature_extraction_conf")
-    return fbank_settings(conf)
 
 
 def input_dim_of(dataset_conf):
@@ -162,9 +150,10 @@ class KwsDataset(IterableDataset):
     """
 
     def __init__(self, data_list, dataset_conf, seed=666, rank=None, world_size=None, num_keywords=None,
-                 items=None, feature_cache=None):
+                 items=None, feature_cache=None, dictionary=None):
         self.data_list = str(data_list)
-        self.items = items if items is not None else read_data_list(data_list, num_keywords=num_keywords)
+        self.items = items if items is not None else read_data_list(data_list, num_keywords, dictionary)
+        require_labels(self.items, data_list)
         self.conf = dict(dataset_conf or {})
         self.fbank_conf = fbank_conf_of(self.conf)
         if feature_cache is not None and not hasattr(feature_cache, "features"):
@@ -237,7 +226,7 @@ class KwsDataset(IterableDataset):
                 feats = cache.features(item["key"])  # dither 0 (see the module docstring)
                 if self.spec_aug:
                     feats = spec_augment(feats, aug_rng, **{k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG})
-                yield item["key"], feats, int(item["txt"])
+                yield item["key"], feats, item["label"]
                 continue
             samples = read_wav(item["wav"])
             frames = num_frames(len(samples), self.fbank_conf)
@@ -247,7 +236,7 @@ class KwsDataset(IterableDataset):
                                   generator=dither_gen if dither > 0 else None)
             if self.spec_aug:
                 feats = spec_augment(feats, aug_rng, **{k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG})
-            yield item["key"], feats, int(item["txt"])
+            yield item["key"], feats, item["label"]
 
     def _shuffled(self, stream):
         if not self.shuffle or self.shuffle_size <= 1:

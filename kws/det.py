@@ -2,8 +2,9 @@
 
 For one keyword and each threshold t in 0.00, 0.01, ..., 0.99 (step 0.01 by default):
 
-* positives are the utterances labelled with that keyword; one is falsely rejected when its
-  maximum frame posterior is < t. FRR = false rejects / positives.
+* positives are the utterances labelled with that keyword (data.list `txt`: its token, or its id in
+  WeKws's older lists); one is falsely rejected when its maximum frame posterior is < t.
+  FRR = false rejects / positives.
 * every other utterance (fillers *and* other keywords) is filler; its `duration` (data.list,
   seconds) counts toward the filler hours. False alarms: scan its frames; a frame >= t counts one
   false alarm and the scan continues `window_shift` frames later (WeKws `i += window_shift`).
@@ -307,7 +308,7 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     tokens = keyword_names(dictionary)
     if not tokens:
         raise KwsError(f"{dict_path}: no keywords (only fillers)")
-    items = read_data_list(data_list_path, num_keywords=len(tokens))
+    items = read_data_list(data_list_path, dictionary=dictionary)
     scores = read_scores(score_path, dictionary)
     thresholds = thresholds_for(step)
     out_dir = Path(out_dir)
@@ -327,8 +328,8 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
         extra = [key for key in table if key not in known]
         if extra:
             raise KwsError(f"{score_path}: utterance {extra[0]!r} ({token}) is not in {data_list_path}")
-        positives = [table[item["key"]] for item in items if item["txt"] == index]
-        fillers = [item for item in items if item["txt"] != index]
+        positives = [table[item["key"]] for item in items if item["label"] == index]
+        fillers = [item for item in items if item["label"] != index]
         if not positives:
             raise KwsError(
                 f"{data_list_path}: keyword {token} has no positive utterances in the test set, "

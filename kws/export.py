@@ -418,7 +418,7 @@ def pick_utterances(items, num):
     """Up to `num` items, round-robin over labels (keyword and filler utterances alike), in file order."""
     by_label = {}
     for item in items:
-        by_label.setdefault(item["txt"], []).append(item)
+        by_label.setdefault(item["label"], []).append(item)
     queues = [list(v) for _, v in sorted(by_label.items())]
     chosen = []
     while len(chosen) < num and any(queues):
@@ -428,14 +428,14 @@ def pick_utterances(items, num):
     return chosen
 
 
-def verification_features(data_list, fbank_conf, num):
+def verification_features(data_list, fbank_conf, num, dictionary):
     """[(key, fbank [T, D])] of `num` utterances of a data.list (dither 0, as at inference)."""
     from kws.audio import read_wav
     from kws.datalist import read_data_list
     from kws.features import compute_fbank
 
     result = []
-    for item in pick_utterances(read_data_list(data_list), num):
+    for item in pick_utterances(read_data_list(data_list, dictionary=dictionary), num):
         feats = compute_fbank(read_wav(item["wav"]), fbank_conf, dither=0.0)
         if feats.shape[0] > 0:
             result.append((item["key"], feats))
@@ -454,13 +454,14 @@ def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_ut
         raise KwsError(f"--num-utts must be at least 1, got {num_utts}")
     model, payload = load_model(checkpoint, "cpu")
     config = payload["config"]
-    keywords = keyword_names(read_dictionary(dict_path))
+    dictionary = read_dictionary(dict_path)
+    keywords = keyword_names(dictionary)
     if len(keywords) != model.num_keywords:
         raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
     chosen = recommended_thresholds(metrics, keywords, fa_target)
     meta = build_metadata(model, config, keywords, {k: v[0] for k, v in chosen.items()},
                           {k: v[1] for k, v in chosen.items()})
-    utterances = verification_features(test_data, meta["fbank"], num_utts)
+    utterances = verification_features(test_data, meta["fbank"], num_utts, dictionary)
     extra = {"checkpoint": os.fspath(checkpoint), "dict": os.fspath(dict_path),
              "metrics": os.fspath(metrics) if metrics else None, "test_data": os.fspath(test_data),
              "fa_per_hour_target": fa_target}

@@ -19,7 +19,10 @@ def default_threads():
 
 
 def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
-    """Check a split folder; returns the data.list items (key, txt, duration, wav) in wav.scp order."""
+    """Check a split folder; returns the data.list items in wav.scp order.
+
+    Items hold key, txt (the token, as WeKws HEAD writes it), duration, wav, and label (the keyword id).
+    """
     data_dir = Path(data_dir)
     scp_path, text_path = data_dir / "wav.scp", data_dir / "text"
     dictionary = read_dictionary(dict_path)
@@ -52,7 +55,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     for (key, (number, wav)), (duration, err) in zip(scp.items(), headers):
         if err is not None:
             raise KwsError(f"{scp_path}:{number}: {err}")
-        items.append({"key": key, "txt": dictionary[text[key][1]], "duration": duration, "wav": wav})
+        token = text[key][1]
+        items.append({"key": key, "txt": token, "duration": duration, "wav": wav, "label": dictionary[token]})
     return items
 
 
@@ -85,7 +89,7 @@ def make_list(data_dir, dict_path, wav_dur=None, data_list=None, threads=None, e
         for item in items:
             out.write(f"{item['key']} {item['duration']!r}\n")
         write_data_list(data_list, items)
-    keywords = sum(1 for item in items if item["txt"] >= 0)
+    keywords = sum(1 for item in items if item["label"] >= 0)
     return {
         "utterances": len(items),
         "keyword_utterances": keywords,

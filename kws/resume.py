@@ -47,8 +47,9 @@ def comparable_config(config):
     return conf
 
 
-def run_fingerprint(args, config, world_size):
-    """Everything that makes two runs' checkpoints interchangeable: resuming is allowed only on a match."""
+def run_fingerprint(args, config, world_size, dictionary=None):
+    """Everything that makes two runs' checkpoints interchangeable: resuming is allowed only on a match.
+    `dictionary` (token -> keyword id, when the lists hold tokens): swapped ids are another run."""
     fingerprint = {
         "config": comparable_config(config),
         "seed": args.seed,
@@ -61,6 +62,8 @@ def run_fingerprint(args, config, world_size):
         "cmvn": file_digest(args.cmvn_file),
         "code": trainer_code_digest(),
     }
+    if dictionary is not None:
+        fingerprint["dictionary"] = dict(sorted(dictionary.items()))
     if getattr(args, "train_feature_cache", None):
         fingerprint["feature_cache"] = True  # no dither: a different run (key absent otherwise, as before)
     return fingerprint

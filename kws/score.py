@@ -106,7 +106,7 @@ def score(checkpoint, test_data, dict_path, out, batch_size=64, device="auto", t
             f"lists {len(tokens)} keyword(s)"
         )
     fbank_conf = ((payload.get("config") or {}).get("dataset_conf") or {}).get("fbank_conf") or {}
-    items = read_data_list(test_data, num_keywords=len(tokens))
+    items = read_data_list(test_data, dictionary=dictionary)
     model.eval()
     done = 0
     with atomic_open(out) as handle:

@@ -41,9 +41,9 @@ import torch
 
 from kws import checkpoint as ckpt
 from kws.cmvn import read_cmvn
-from kws.config import load_model_config, parse_overrides
+from kws.config import load_model_config, parse_overrides, set_model_dims
 from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
-from kws.datalist import read_data_list
+from kws.datalist import dictionary_arg, read_data_list
 from kws.distributed import (Dist, choose_device, choose_threads, cleanup, dist_env, exit_with_launcher,
                              init_distributed, resolve_backend)
 from kws.errors import KwsError
@@ -89,6 +89,9 @@ def build_parser():
     p.add_argument("--cmvn_file", default=None, help="global_cmvn JSON (WeKws)")
     p.add_argument("--norm_var", action="store_true", help="normalise variance too (else mean only)")
     p.add_argument("--num_keywords", type=int, default=1, help="number of keywords (model outputs)")
+    p.add_argument("--dict", default=None,
+                   help="keyword dictionary: WeKws's dict folder (dict.txt) or a words.txt with ids; maps data.list "
+                        "tokens to keyword ids, needed for lists with tokens, checked against --num_keywords")
     p.add_argument("--min_duration", type=int, default=50, help="frames before which a keyword may not count")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="set a dotted config key, value parsed as YAML/JSON (repeatable)")
@@ -132,7 +135,7 @@ def resolve_config(args):
     config.setdefault("optim_conf", {"lr": 0.001})
     if args.cmvn_file is not None:  # recorded as WeKws does; the statistics themselves are model buffers
         config["model"]["cmvn"] = {"norm_var": bool(args.norm_var), "cmvn_file": str(args.cmvn_file)}
-    return config
+    return set_model_dims(config, args.num_keywords, args.config)
 
 
 def make_optimizer(model, optim_conf, source):
@@ -357,8 +360,9 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     input_dim = input_dim_of(config["dataset_conf"])
 
     # Data first: a bad list fails before anything is written.
-    train_items = read_data_list(args.train_data, num_keywords=args.num_keywords)
-    cv_items = read_data_list(args.cv_data, num_keywords=args.num_keywords)
+    dictionary = dictionary_arg(args.dict, args.num_keywords)
+    train_items = read_data_list(args.train_data, args.num_keywords, dictionary)
+    cv_items = read_data_list(args.cv_data, args.num_keywords, dictionary)
     train_set = KwsDataset(args.train_data, config["dataset_conf"], seed=args.seed, rank=rank,
                            world_size=world_size, items=train_items, feature_cache=args.train_feature_cache)
     cv_set = KwsDataset(args.cv_data, cv_dataset_conf(config["dataset_conf"]), seed=args.seed, rank=rank,
@@ -386,7 +390,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
     # Resume point: rank 0 chooses (only a checkpoint of this very run), every rank loads the same one.
-    fingerprint = run_fingerprint(args, config, world_size)
+    fingerprint = run_fingerprint(args, config, world_size, dictionary)
     chosen, payload = choose_checkpoint(args, model_dir, fingerprint, device) if rank == 0 else (None, None)
     resume = load_resume_point(dist.broadcast(chosen), payload, config, args.num_keywords, input_dim,
                                world_size, device)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Write an experiment's resolved configuration: the pipeline settings plus the model config with overrides."""
+"""Write an experiment's resolved configuration: the model config with overrides (a config WeKws's train.py
+reads as it is), with the experiment entry and the pipeline settings under `kwsflow`."""
 
 import argparse
 import json
 
-from kws.config import dump_yaml, load_model_config
+from kws.config import dump_yaml, experiment_record, load_model_config
 from kws.errors import cli
 from kws.fileio import atomic_open
 
@@ -18,11 +19,8 @@ def main():
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     experiment = json.loads(args.experiment)
-    resolved = {
-        "pipeline": json.loads(args.pipeline),
-        "experiment": experiment,
-        "model_config": load_model_config(args.model_config, experiment.get("overrides")),
-    }
+    resolved = experiment_record(load_model_config(args.model_config, experiment.get("overrides")), experiment,
+                                 json.loads(args.pipeline))
     with atomic_open(args.out) as out:
         out.write(dump_yaml(resolved))
 

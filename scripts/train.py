@@ -3,7 +3,7 @@
 
     torchrun --standalone --nnodes 1 --nproc_per_node 2 scripts/train.py --config conf/ds_tcn.yaml \
         --train_data data/train/data.list --cv_data data/dev/data.list --model_dir exp/ds_tcn \
-        --num_workers 1 --num_keywords 2 --min_duration 50 --seed 666 \
+        --num_workers 1 --num_keywords 2 --min_duration 50 --seed 666 --dict ./dict \
         --cmvn_file data/train/global_cmvn --norm_var
 
 Without torchrun it trains in one process. See kws/trainer.py for what a run writes and how it resumes.

@@ -22,7 +22,7 @@ TINY_CONFIG = {
         "hidden_dim": 12,
         "preprocessing": {"type": "linear"},
         "backbone": {"type": "tcn", "ds": True, "num_layers": 2, "kernel_size": 3, "dropout": 0.1},
-        "classifier": {"type": "linear", "dropout": 0.1},
+        "classifier_dropout": 0.1,
     },
     "optim": "adam",
     "optim_conf": {"lr": 0.01, "weight_decay": 0.0001},
@@ -30,8 +30,15 @@ TINY_CONFIG = {
 }
 
 
-def make_split(folder, num, seed, start=0):
-    """`num` short utterances: keyword 0 = 440 Hz tone, keyword 1 = 880 Hz tone, filler = noise."""
+# The dictionary of these corpora: label -> token (WeKws HEAD writes the token into data.list's `txt`).
+TOKENS = {-1: "<FILLER>", 0: "<HI_XIAOWEN>", 1: "<NIHAO_WENWEN>"}
+
+
+def make_split(folder, num, seed, start=0, tokens=False):
+    """`num` short utterances: keyword 0 = 440 Hz tone, keyword 1 = 880 Hz tone, filler = noise.
+
+    data.list `txt` is the integer label (WeKws's older lists), or with `tokens` the token (WeKws HEAD's).
+    """
     rng = np.random.default_rng(seed)
     folder = Path(folder)
     (folder / "wav").mkdir(parents=True, exist_ok=True)
@@ -49,20 +56,21 @@ def make_split(folder, num, seed, start=0):
         key = f"utt{start + i:04d}"
         path = folder / "wav" / f"{key}.wav"
         write_wav(path, samples.astype(np.float32))
-        items.append({"key": key, "txt": label, "duration": round(n / 16000.0, 4), "wav": str(path)})
+        items.append({"key": key, "txt": TOKENS[label] if tokens else label, "duration": round(n / 16000.0, 4),
+                      "wav": str(path)})
     with open(folder / "data.list", "w", encoding="utf-8") as out:
         for item in items:
             out.write(json.dumps(item) + "\n")
     return folder / "data.list", items
 
 
-def make_corpus(root, num_train=14, num_dev=6, seed=0):
+def make_corpus(root, num_train=14, num_dev=6, seed=0, tokens=False):
     """<root>/{train,dev}/data.list, <root>/dict/words.txt, <root>/train/global_cmvn (identity-ish stats)."""
     root = Path(root)
-    train_list, _ = make_split(root / "train", num_train, seed)
-    dev_list, _ = make_split(root / "dev", num_dev, seed + 1, start=1000)
+    train_list, _ = make_split(root / "train", num_train, seed, tokens=tokens)
+    dev_list, _ = make_split(root / "dev", num_dev, seed + 1, start=1000, tokens=tokens)
     (root / "dict").mkdir(parents=True, exist_ok=True)
-    (root / "dict" / "words.txt").write_text("<FILLER> -1\n<HI_XIAOWEN> 0\n<NIHAO_WENWEN> 1\n")
+    (root / "dict" / "words.txt").write_text("".join(f"{token} {label}\n" for label, token in TOKENS.items()))
     dim = TINY_CONFIG["dataset_conf"]["fbank_conf"]["num_mel_bins"]
     cmvn = {"mean_stat": [10.0 * 100] * dim, "var_stat": [(100.0 + 4.0) * 100] * dim, "frame_num": 100}
     (root / "train" / "global_cmvn").write_text(json.dumps(cmvn))

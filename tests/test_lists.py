@@ -41,15 +41,17 @@ def test_make_list(tiny_corpus):
     words = tiny_corpus / "dict" / "words.txt"
     summary = make_list(tiny_corpus / "train", words, threads=2)
     assert summary["utterances"] == 6 and summary["keyword_utterances"] == 4
-    items = read_data_list(tiny_corpus / "train" / "data.list", num_keywords=2)
+    dictionary = read_dictionary(words)
+    items = read_data_list(tiny_corpus / "train" / "data.list", dictionary=dictionary)
     scp = read_kaldi_map(tiny_corpus / "train" / "wav.scp")
     text = read_kaldi_map(tiny_corpus / "train" / "text")
-    dictionary = read_dictionary(words)
     assert [item["key"] for item in items] == list(scp)
-    for item in items:
-        assert list(item) == ["key", "txt", "duration", "wav"]
+    written = [json.loads(line) for line in (tiny_corpus / "train" / "data.list").read_text().splitlines()]
+    for item, record in zip(items, written):
+        assert list(record) == ["key", "txt", "duration", "wav"]  # WeKws's fields, in its order
         assert item["wav"] == scp[item["key"]]
-        assert item["txt"] == dictionary[text[item["key"]]]
+        assert record["txt"] == text[item["key"]]  # the token, as WeKws HEAD writes it
+        assert item["label"] == dictionary[text[item["key"]]]
         assert item["duration"] == pytest.approx(soundfile.info(item["wav"]).duration)
     durations = read_kaldi_map(tiny_corpus / "train" / "wav.dur")
     assert {k: float(v) for k, v in durations.items()} == {i["key"]: i["duration"] for i in items}
@@ -222,13 +224,15 @@ JSON_VALUES = st.recursive(
                         max_size=4))
 def test_fuzz_data_list_json(tmp_path, records):
     (tmp_path / "data.list").write_text("".join(json.dumps(r) + "\n" for r in records))
+    dictionary = {"<F>": -1, "a": 0, "b": 1}  # short tokens, so that the fuzzer finds them
     try:
-        items = read_data_list(tmp_path / "data.list", num_keywords=2)
+        items = read_data_list(tmp_path / "data.list", dictionary=dictionary)
     except KwsError:
         return
     for item in items:
         assert isinstance(item["key"], str) and isinstance(item["wav"], str)
-        assert type(item["txt"]) is int and -1 <= item["txt"] < 2
+        assert type(item["label"]) is int and -1 <= item["label"] < 2
+        assert item["label"] == (dictionary[item["txt"]] if isinstance(item["txt"], str) else item["txt"])
         assert 0 < item["duration"] < float("inf")
 
 

@@ -1,6 +1,12 @@
-"""kws.loss: the vectorised losses against a plain per-utterance loop (values and gradients)."""
+"""kws.loss: the vectorised losses against a plain per-utterance loop (values and gradients).
+
+The loops state kwsflow's rule, which is not WeKws's for target utterances no longer than min_duration
+(see test_wekws_rule_differs_only_for_short_target_utterances and README.md, "Differences from WeKws").
+"""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +18,13 @@ torch.set_num_threads(1)
 
 
 def reference_max_pooling(logits, lengths, targets, min_duration=0):
-    """WeKws's max-pooling loss written as a loop over utterances and keywords, on probabilities."""
+    """kwsflow's max-pooling loss as a loop over utterances and keywords, on probabilities.
+
+    WeKws's sum of -log(max p) for the target keyword and -log(min (1 - p)) for the others, but with
+    kwsflow's window: frames from min_duration on, or all frames when the utterance is no longer than
+    min_duration (WeKws then masks every frame, see wekws_max_pooling); no clamping; kwsflow's accuracy
+    (the target fires, >= 0.5, and no other keyword does).
+    """
     probs = torch.sigmoid(logits)
     batch, _, num_keywords = logits.shape
     loss = 0.0
@@ -36,6 +48,7 @@ def reference_max_pooling(logits, lengths, targets, min_duration=0):
 
 
 def reference_cross_entropy(logits, lengths, targets, min_duration=0):
+    """kwsflow's utterance-level cross entropy as a loop (its own criterion; WeKws's `ce` is frame-level)."""
     batch, _, num_keywords = logits.shape
     loss = 0.0
     correct = 0
@@ -116,6 +129,54 @@ def test_min_duration_window_and_short_utterances():
     expected = (math.log1p(math.exp(5.0)) + math.log1p(math.exp(-5.0))) / 2
     assert loss.item() == pytest.approx(expected)
     assert acc == 0.5
+
+
+def wekws_max_pooling(logits, lengths, targets, min_duration=0):
+    """WeKws HEAD's max-pooling loss (wekws/model/loss.py) restated: for the target keyword the first
+    min_duration frames are masked whatever the utterance's length, and probabilities are clamped to
+    [1e-8, 1] before the log."""
+    probs = torch.sigmoid(logits)
+    loss = 0.0
+    for i in range(logits.shape[0]):
+        length, target = int(lengths[i]), int(targets[i])
+        for k in range(logits.shape[2]):
+            if k == target:
+                window = probs[i, min_duration:length, k]
+                best = window.max() if window.numel() else torch.zeros((), dtype=probs.dtype)
+                loss = loss - torch.log(best.clamp(1e-8, 1.0))
+            else:
+                loss = loss - torch.log((1 - probs[i, :length, k]).min().clamp(1e-8, 1.0))
+    return loss / logits.shape[0]
+
+
+def test_wekws_rule_differs_only_for_short_target_utterances():
+    """Longer utterances and fillers: the same loss. A keyword utterance of <= min_duration frames: WeKws's
+    window is empty, its target term the constant -log(1e-8) (no gradient); kwsflow uses all its frames."""
+    min_duration = 5
+    logits, lengths, targets = random_batch(12, 20, 2, seed=4, scale=1.0)
+    lengths[:6] = torch.tensor([3, 5, 4, 2, 6, 20])
+    targets[:6] = torch.tensor([0, 1, -1, -1, 0, 1])
+    for i in range(12):
+        one = (logits[i:i + 1], lengths[i:i + 1], targets[i:i + 1])
+        ours = max_pooling_loss(*one, min_duration=min_duration)[0].item()
+        theirs = wekws_max_pooling(*one, min_duration=min_duration).item()
+        if targets[i] >= 0 and lengths[i] <= min_duration:
+            other = 1 - int(targets[i])
+            filler_term = -torch.log(1 - torch.sigmoid(logits[i, :lengths[i], other]).max()).item()
+            assert theirs == pytest.approx(-math.log(1e-8) + filler_term)
+            assert ours == pytest.approx(reference_max_pooling(*one, min_duration=min_duration)[0].item())
+            assert ours < theirs - 10
+        else:
+            assert ours == pytest.approx(theirs, rel=1e-12)
+
+
+def test_readme_lists_each_difference_from_wekws_loss_and_cv():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = re.search(r"^#+ Differences from WeKws\n(.*?)(?=^#)", readme, re.S | re.M)
+    assert section, "README.md has no 'Differences from WeKws' section"
+    text = section.group(1).lower()
+    for what in ("short keyword utterances", "-log(1e-8)", "clamp", "accuracy", "cv `min_duration`"):
+        assert what in text, what
 
 
 def test_extreme_logits_stay_finite():

@@ -11,20 +11,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from kws.config import check_model_keys
+from kws.config import normalise_model_conf
 from kws.errors import KwsError
 from kws.model.backbones import GRU, MDTC, TCN
 from kws.model.classifier import LinearClassifier
 from kws.model.cmvn import GlobalCMVN, cmvn_mean_istd
 
 __all__ = ["KWSModel", "build_model", "count_parameters", "GlobalCMVN", "cmvn_mean_istd"]
-
-_BACKBONE_KEYS = {
-    "tcn": {"type", "ds", "num_layers", "kernel_size", "dropout"},
-    "mdtc": {"type", "stack_num", "num_stack", "stack_size", "kernel_size", "hidden_dim", "causal"},
-    "gru": {"type", "num_layers", "dropout"},
-}
-
 
 class KWSModel(nn.Module):
     """global_cmvn -> preprocessing -> backbone -> classifier; outputs per-frame logits."""
@@ -71,13 +64,6 @@ def count_parameters(model, trainable_only=False):
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-def _section(conf, key, where, default=None):
-    value = conf.get(key, default)
-    if not isinstance(value, dict):
-        raise KwsError(f"{where}.{key}: expected a mapping, got {value!r}")
-    return value
-
-
 def _positive_int(conf, key, where, default=None):
     value = conf.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -85,7 +71,7 @@ def _positive_int(conf, key, where, default=None):
     return value
 
 
-def _dropout(conf, key, where, default):
+def _dropout(conf, key, where, default=None):
     value = conf.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise KwsError(f"{where}.{key}: expected a probability in [0, 1), got {value!r}")
@@ -105,62 +91,49 @@ def build_model(model_conf, input_dim, num_keywords, cmvn=None):
         raise KwsError(f"input_dim must be positive, got {input_dim}")
     if num_keywords < 1:
         raise KwsError(f"num_keywords must be positive, got {num_keywords}")
-    check_model_keys(model_conf)
+    # One reading of every layout (WeKws's, kwsflow's older `classifier`), defaults included.
+    model_conf = normalise_model_conf(model_conf)
     hidden_dim = _positive_int(model_conf, "hidden_dim", "model")
 
     global_cmvn = GlobalCMVN(input_dim, cmvn)
 
-    prep = _section(model_conf, "preprocessing", "model", {"type": "linear"})
-    prep_type = prep.get("type", "linear")
+    prep_type = model_conf["preprocessing"]["type"]
     if prep_type == "linear":
         preprocessing = nn.Sequential(nn.Linear(input_dim, hidden_dim), nn.ReLU())
         backbone_in = hidden_dim
-    elif prep_type in ("none", None):
+    elif prep_type == "none":
         preprocessing = nn.Identity()
         backbone_in = input_dim
     else:
         raise KwsError(f"model.preprocessing.type: unknown type {prep_type!r} (linear|none)")
 
     where = "model.backbone"
-    bconf = _section(model_conf, "backbone", "model")
-    btype = bconf.get("type")
-    if btype not in _BACKBONE_KEYS:
-        raise KwsError(f"{where}.type: unknown backbone {btype!r} (tcn|mdtc|gru)")
-    unknown = sorted(set(bconf) - _BACKBONE_KEYS[btype])
-    if unknown:
-        raise KwsError(f"{where}.{unknown[0]}: unknown key for backbone {btype!r}")
+    bconf = model_conf.get("backbone")
+    if not isinstance(bconf, dict):
+        raise KwsError(f"{where}: expected a mapping, got {bconf!r}")
+    btype = bconf["type"]
     if btype in ("tcn", "gru") and backbone_in != hidden_dim:
         raise KwsError(f"model.preprocessing.type: backbone {btype!r} needs preprocessing 'linear' "
                        f"when input_dim ({input_dim}) != hidden_dim ({hidden_dim})")
     if btype == "tcn":
         backbone = TCN(hidden_dim,
-                       num_layers=_positive_int(bconf, "num_layers", where, 4),
-                       kernel_size=_positive_int(bconf, "kernel_size", where, 8),
-                       dropout=_dropout(bconf, "dropout", where, 0.1),
-                       ds=bool(bconf.get("ds", False)))
+                       num_layers=_positive_int(bconf, "num_layers", where),
+                       kernel_size=_positive_int(bconf, "kernel_size", where),
+                       dropout=_dropout(bconf, "dropout", where),
+                       ds=bool(bconf["ds"]))
     elif btype == "mdtc":
-        if "stack_num" in bconf and "num_stack" in bconf:
-            raise KwsError(f"{where}: give stack_num or num_stack (WeKws spelling), not both")
-        if not bconf.get("causal", True):
+        if not bconf["causal"]:
             raise KwsError(f"{where}.causal: only causal (streaming) MDTC is supported")
-        stack_key = "num_stack" if "num_stack" in bconf else "stack_num"
         backbone = MDTC(backbone_in,
-                        hidden_dim=_positive_int(bconf, "hidden_dim", where, hidden_dim),
-                        stack_num=_positive_int(bconf, stack_key, where, 4),
-                        stack_size=_positive_int(bconf, "stack_size", where, 4),
-                        kernel_size=_positive_int(bconf, "kernel_size", where, 5))
+                        hidden_dim=_positive_int(bconf, "hidden_dim", where),
+                        stack_num=_positive_int(bconf, "num_stack", where),
+                        stack_size=_positive_int(bconf, "stack_size", where),
+                        kernel_size=_positive_int(bconf, "kernel_size", where))
     else:
         backbone = GRU(hidden_dim,
-                       num_layers=_positive_int(bconf, "num_layers", where, 2),
-                       dropout=_dropout(bconf, "dropout", where, 0.0))
+                       num_layers=_positive_int(bconf, "num_layers", where),
+                       dropout=_dropout(bconf, "dropout", where))
 
-    cconf = _section(model_conf, "classifier", "model", {"type": "linear"})
-    ctype = cconf.get("type", "linear")
-    if ctype != "linear":
-        raise KwsError(f"model.classifier.type: unknown classifier {ctype!r} (linear)")
-    unknown = sorted(set(cconf) - {"type", "dropout"})
-    if unknown:
-        raise KwsError(f"model.classifier.{unknown[0]}: unknown key")
     classifier = LinearClassifier(backbone.output_dim, num_keywords,
-                                  dropout=_dropout(cconf, "dropout", "model.classifier", 0.0))
+                                  dropout=_dropout(model_conf, "classifier_dropout", "model", 0.0))
     return KWSModel(input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier)

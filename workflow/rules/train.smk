@@ -6,6 +6,7 @@ rule train:
         unpack(feature_cache_inputs),
         train=training_list("train"),
         cv=training_list("dev"),
+        words=f"{DATA}/dict/words.txt",
         cmvn=lambda wildcards: cmvn_file(wildcards.exp),
         model_config=lambda wildcards: model_config_path(wildcards.exp),
         script=script("train.py"),
@@ -35,7 +36,8 @@ rule train:
         # attempt's log is kept under logs/attempts/ (Snakemake deletes the log before a rerun).
         "python -m kws.supervise --log {log} --watch-pid $PPID --"
         " {params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
-        " --cv_data {input.cv} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir} --restart_on_change"
+        " --cv_data {input.cv} --dict {input.words} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir}"
+        " --restart_on_change"
         " {params.args} --timeout {resources.timeout_s} --threads {threads}"
 
 
