@@ -117,13 +117,14 @@ def find_corpus(args, tmp):
 
 
 def build_caches(corpus, tmp):
-    from kws.feature_cache import build_cache
+    """The audio stores of train and dev: {split: (folder, seconds to build)}."""
+    from kws.audio_store import build_store
 
     caches = {}
     for split in ("train", "dev"):
-        out = Path(tmp) / "cache" / split
+        out = Path(tmp) / "store" / split
         start = time.perf_counter()
-        build_cache(corpus / split / "data.list", out, FBANK, threads=2)
+        build_store(corpus / split / "data.list", out, threads=2)
         caches[split] = (out, time.perf_counter() - start)
     return caches
 
@@ -168,7 +169,7 @@ def bench_loader(table, args, corpus, caches):
     import torch
 
     from kws.config import load_model_config
-    from kws.dataset import KwsDataset, make_loader
+    from kws.dataset import Featurizer, KwsDataset
     from kws.datalist import read_data_list, read_dictionary
     from kws.loss import max_pooling_loss
     from kws.model import build_model
@@ -177,27 +178,26 @@ def bench_loader(table, args, corpus, caches):
     items = read_data_list(corpus / "train" / "data.list", dictionary=read_dictionary(corpus / "dict" / "words.txt"))
     if args.quick:
         items = items[:600]
-    workers = 1  # one worker, as config/config.yaml train.num_workers had when the figures were measured
+    featurize = Featurizer(conf["dataset_conf"])
 
-    def loader_rate(cache):
+    def loader_rate():
         torch.set_num_threads(1)
         ds = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], items=items, rank=0, world_size=1,
-                        feature_cache=cache)
-        loader = make_loader(ds, workers)
+                        store=caches["train"][0])
         count = [0]
 
         def run():
-            count[0] = sum(len(batch[0]) for batch in loader)
+            count[0] = sum(len(batch[0]) for batch in featurize.batches(ds, 1))
 
         seconds = median_time(run, args.runs, warmup=0)
         return count[0] / seconds
 
-    fly = loader_rate(None)
-    cached = loader_rate(caches["train"][0])
+    cached = loader_rate()
 
     torch.set_num_threads(1)
-    ds = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], items=items[:640], rank=0, world_size=1)
-    batches = list(ds)[:8]
+    ds = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], items=items[:640], rank=0, world_size=1,
+                    store=caches["train"][0])
+    batches = list(featurize.batches(ds, 1))[:8]
     torch.manual_seed(0)
     model = build_model(conf["model"], 40, 2, None)
     model.train()
@@ -217,12 +217,9 @@ def bench_loader(table, args, corpus, caches):
     t = median_time(train_steps, args.runs)
     model_rate = steps[0] / t
     frames = statistics.mean(float(b[2].float().mean()) for b in batches)
-    table.add("b loader", f"DataLoader, on-the-fly fbank, {workers} worker", fmt(fly), "utt/s",
-              f"{fmt(model_rate)} utt/s (model step, 1 thread)", f"{fly / model_rate:.2f}x", ">= 3x",
-              f"{len(items)} utterances, mean {frames:.0f} frames")
-    table.add("b loader", f"DataLoader, feature cache, {workers} worker", fmt(cached), "utt/s",
+    table.add("b loader", "audio store slices + fbank on the batch, 1 thread", fmt(cached), "utt/s",
               f"{fmt(model_rate)} utt/s (model step, 1 thread)", f"{cached / model_rate:.2f}x", ">= 3x",
-              "SpecAugment on cached dither-0 fbank")
+              f"{len(items)} utterances, mean {frames:.0f} frames")
     return model_rate
 
 
@@ -242,7 +239,7 @@ def train_epoch(corpus, out, processes, threads, workers, caches=None, train_lis
     for override in overrides:
         cmd += ["--override", override]
     if caches:
-        cmd += ["--train_feature_cache", str(caches["train"][0]), "--cv_feature_cache", str(caches["dev"][0])]
+        cmd += ["--train_audio_store", str(caches["train"][0]), "--cv_audio_store", str(caches["dev"][0])]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if result.returncode != 0:
@@ -261,27 +258,28 @@ def median_epoch(runs, *a, **k):
 def bench_epoch(table, args, corpus, caches, tmp):
     base = {}
     for processes in args.epoch_processes:
-        for label, cache in (("on-the-fly fbank", None), ("feature cache", caches)):
+        for label, cache in (("store packed by the trainer", None), ("audio store", caches)):
             seconds, rate = median_epoch(args.runs, corpus, Path(tmp) / "epoch", processes, 1, 1, cache)
             key = (processes, label)
             base[key] = seconds
-            ref = base.get((processes, "on-the-fly fbank"))
+            ref = base.get((processes, "store packed by the trainer"))
             table.add("c epoch", f"1 epoch, {processes} process(es) x 1 thread, 1 worker, {label}", fmt(rate),
-                      "utt/s", "" if cache is None else f"{fmt(ref)} s on the fly",
+                      "utt/s", "" if cache is None else f"{fmt(ref)} s packing included",
                       "" if cache is None else f"{ref / seconds:.2f}x", "", f"epoch {fmt(seconds)} s incl. CV")
 
 
 def padded_frames(corpus, sort):
     """(padded, real) frames of one epoch's training batches of the default model config, 1 process."""
     from kws.config import load_model_config
-    from kws.dataset import KwsDataset
+    from kws.dataset import Featurizer, KwsDataset
     from kws.datalist import read_dictionary
 
     conf = load_model_config(MODEL)["dataset_conf"]
     conf = dict(conf, sort=sort, spec_aug=False, fbank_conf=dict(conf["fbank_conf"], dither=0.0))
     padded = real = 0
-    for _, feats, lengths, _ in KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1,
-                                           dictionary=read_dictionary(corpus / "dict" / "words.txt")):
+    dataset = KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1,
+                         dictionary=read_dictionary(corpus / "dict" / "words.txt"))
+    for _, feats, lengths, _ in Featurizer(conf).batches(dataset, 0):
         padded += feats.shape[0] * feats.shape[1]
         real += int(lengths.sum())
     return padded, real

@@ -302,8 +302,7 @@ def exit_with_launcher(environ=None):
     (Ctrl-C on a wrapper, `kill -9` of a Snakemake run, a batch system reclaiming the job) leaves the
     workers running: they keep training and writing checkpoints into the model folder while the rerun
     trains there too. A worker whose launcher is already gone stops at once. Checkpoints are written
-    atomically, so a killed worker leaves at most a `.epoch_NNN.pt.*.tmp` behind. (The DataLoader's
-    forkserver and workers die with their rank the same way: kws.dataset.)
+    atomically, so a killed worker leaves at most a `.epoch_NNN.pt.*.tmp` behind.
     """
     environ = os.environ if environ is None else environ
     if not environ.get("TORCHELASTIC_RUN_ID"):

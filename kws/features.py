@@ -10,33 +10,89 @@ def fbank_settings(fbank_conf):
     return settings
 
 
+def frame_geometry(fbank_conf, sample_rate=16000):
+    """(window, shift) in samples."""
+    conf = fbank_settings(fbank_conf)
+    return int(sample_rate * float(conf["frame_length"]) / 1000), int(sample_rate * float(conf["frame_shift"]) / 1000)
+
+
+def num_frames(num_samples, fbank_conf, sample_rate=16000):
+    """Frames Kaldi fbank (snip_edges) gives for `num_samples` samples (an int, or an integer tensor/array)."""
+    window, shift = frame_geometry(fbank_conf, sample_rate)
+    if isinstance(num_samples, int):
+        return 0 if num_samples < window else 1 + (num_samples - window) // shift
+    return ((num_samples - window) // shift + 1).clip(min=0)
+
+
+_MEL_BANKS = {}
+
+
+def _mel_banks(num_bins, padded, device):
+    """Kaldi's triangular mel banks [padded // 2 + 1, num_bins] (zero for the Nyquist bin), per device."""
+    key = (num_bins, padded, str(device))
+    if key not in _MEL_BANKS:
+        import torch
+        import torchaudio.compliance.kaldi as kaldi
+
+        banks, _ = kaldi.get_mel_banks(num_bins, padded, 16000.0, 20.0, 0.0, 100.0, -500.0, 1.0)
+        banks = torch.nn.functional.pad(banks, (0, 1)).t().contiguous()
+        _MEL_BANKS[key] = banks.to(device)
+    return _MEL_BANKS[key]
+
+
+def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None):
+    """Kaldi fbank (torchaudio.compliance.kaldi.fbank's defaults as WeKws uses them) of a padded batch.
+
+    `waveforms` [B, S] float samples in [-1, 1] (zero-padded), `lengths` [B] valid samples. Returns
+    (feats [B, T, D], frames [B]): T frames of the longest utterance, frames past an utterance's own
+    count set to 0 (as a padded batch of per-utterance features). Runs on the waveforms' device.
+    Per frame: dither (Gaussian, `dither` on the int16 scale, drawn from `generator` for the whole
+    batch), DC removal, pre-emphasis 0.97, povey window, power spectrum of the frame zero-padded to a
+    power of two, mel banks (20 Hz to Nyquist), natural log floored at float epsilon.
+    """
+    import torch
+
+    conf = fbank_settings(fbank_conf)
+    window, shift = frame_geometry(conf)
+    num_bins = int(conf["num_mel_bins"])
+    waveforms = torch.as_tensor(waveforms)
+    device = waveforms.device
+    lengths = torch.as_tensor(lengths, device=device).long()
+    frames = num_frames(lengths, conf)
+    batch = waveforms.shape[0]
+    longest = int(frames.max()) if batch else 0
+    if longest == 0:
+        return waveforms.new_zeros(batch, 0, num_bins, dtype=torch.float32), frames
+    x = waveforms.to(torch.float32) * (1 << 15)
+    if dither > 0:
+        noise = torch.randn(x.shape, generator=generator, device=generator.device if generator else device)
+        x = x + float(dither) * noise.to(device)
+    x = x[:, : (longest - 1) * shift + window].unfold(1, window, shift)      # [B, T, window]
+    x = x - x.mean(dim=2, keepdim=True)
+    x = torch.cat((x[:, :, :1] * (1 - 0.97), x[:, :, 1:] - 0.97 * x[:, :, :-1]), dim=2)
+    povey = torch.hann_window(window, periodic=False, device=device).pow(0.85)
+    padded = 1 << (window - 1).bit_length()
+    spectrum = torch.view_as_real(torch.fft.rfft(x * povey, n=padded)).pow(2).sum(3)  # [B, T, padded/2 + 1]
+    mel = spectrum @ _mel_banks(num_bins, padded, device)
+    feats = mel.clamp_min(torch.finfo(torch.float32).eps).log()
+    valid = torch.arange(longest, device=device).unsqueeze(0) < frames.unsqueeze(1)
+    return feats.masked_fill(~valid.unsqueeze(2), 0.0), frames
+
+
 def compute_fbank(samples, fbank_conf, dither=None, generator=None):
     """fbank of float samples in [-1, 1] (a 1-D array or tensor) -> Tensor [frames, num_mel_bins].
 
-    Like WeKws, the waveform is scaled to the int16 range first. `dither` overrides the
-    configured dither (0 for CMVN statistics and scoring).
+    `batch_fbank` on a batch of one: the same numbers wherever features are computed (CMVN, training,
+    scoring, detection). Like WeKws, the waveform is scaled to the int16 range first. `dither` overrides
+    the configured dither (0 for CMVN statistics and scoring).
     """
     # Imported here, not at the top: the workflow reads fbank_settings at start-up, and importing
     # torch costs every `snakemake` invocation 1.5 s.
     import torch
-    import torchaudio.compliance.kaldi as kaldi
 
     conf = fbank_settings(fbank_conf)
-    waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1) * (1 << 15)
-    if waveform.shape[1] < int(16000 * conf["frame_length"] / 1000):
-        # Shorter than one window: no frames (Kaldi's fbank would fail an assertion).
-        return torch.zeros(0, int(conf["num_mel_bins"]))
+    waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1)
     amount = conf["dither"] if dither is None else dither
-    if amount > 0 and generator is not None:
-        # kaldi.fbank draws dither from the global RNG; add it here instead so it is seeded per worker.
-        waveform = waveform + amount * torch.randn(waveform.shape, generator=generator)
-        amount = 0.0
-    return kaldi.fbank(
-        waveform,
-        num_mel_bins=int(conf["num_mel_bins"]),
-        frame_length=float(conf["frame_length"]),
-        frame_shift=float(conf["frame_shift"]),
-        dither=float(amount),
-        energy_floor=0.0,
-        sample_frequency=16000,
-    )
+    feats, _ = batch_fbank(waveform, [waveform.shape[1]], conf, dither=amount if generator is not None else 0.0,
+                           generator=generator)
+    return feats[0]

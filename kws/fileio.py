@@ -66,3 +66,14 @@ def atomic_torch_save(obj, path):
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def file_digest(path, length=None):
+    """sha256 of a file's content in hex, the first `length` digits when given."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:length]

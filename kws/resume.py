@@ -1,14 +1,13 @@
 """Resume or start over: a run's fingerprint, and the checkpoint a training continues from.
 
 Two runs' checkpoints are interchangeable only when everything that shapes the model matches: the
-config (but for max_epoch, which may grow, and the CMVN file's path), seed, world size, loader workers,
-keyword count, min_duration, the data (data lists and CMVN statistics by content), and the code that
+config (but for max_epoch, which may grow, and the CMVN file's path), seed, world size, keyword
+count, min_duration, the data (data lists and CMVN statistics by content), and the code that
 trains (the digest of kws.trainer and every kws module it imports). A model folder
 holding a different run's checkpoints is either refused or, with --restart_on_change (the workflow's
 way), emptied so training starts from epoch 1.
 """
 
-import hashlib
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -17,20 +16,14 @@ from pathlib import Path
 from kws import checkpoint as ckpt
 from kws.config import apply_overrides
 from kws.errors import KwsError
+from kws.fileio import file_digest
 from kws.sourcecode import code_digest, imported_files
 
 log = logging.getLogger("kws.train")
 
 
-def file_digest(path, length=16):
-    """sha256 of a file's content, `length` hex digits (None for no file)."""
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:length]
+def _digest(path):
+    return None if path is None else file_digest(path, 16)
 
 
 def trainer_code_digest():
@@ -54,18 +47,15 @@ def run_fingerprint(args, config, world_size, dictionary=None):
         "config": comparable_config(config),
         "seed": args.seed,
         "world_size": world_size,
-        "num_workers": args.num_workers,
         "num_keywords": args.num_keywords,
         "min_duration": args.min_duration,
-        "train_data": file_digest(args.train_data),
-        "cv_data": file_digest(args.cv_data),
-        "cmvn": file_digest(args.cmvn_file),
+        "train_data": _digest(args.train_data),
+        "cv_data": _digest(args.cv_data),
+        "cmvn": _digest(args.cmvn_file),
         "code": trainer_code_digest(),
     }
     if dictionary is not None:
         fingerprint["dictionary"] = dict(sorted(dictionary.items()))
-    if getattr(args, "train_feature_cache", None):
-        fingerprint["feature_cache"] = True  # no dither: a different run (key absent otherwise, as before)
     return fingerprint
 
 

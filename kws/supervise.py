@@ -13,7 +13,7 @@ on training into the folder the rerun trains in. This wrapper:
   dies, or it gets SIGTERM/SIGINT/SIGHUP, it stops the whole tree (SIGTERM, then SIGKILL after
   `--grace` seconds);
 - is the child subreaper of the tree (Linux): a process whose parent died (a killed rank's
-  multiprocessing forkserver or resource tracker) is handed to it instead of init, and it kills such
+  multiprocessing helpers, say) is handed to it instead of init, and it kills such
   orphans at once; when the command ends, whatever is left of the tree is killed too.
 
 The exit status is the command's (128 + signal number when it was stopped).

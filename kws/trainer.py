@@ -42,7 +42,8 @@ import torch
 from kws import checkpoint as ckpt
 from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
-from kws.dataset import KwsDataset, cv_dataset_conf, input_dim_of, make_loader
+from kws.audio_store import open_or_build
+from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of
 from kws.datalist import dictionary_arg, read_data_list
 from kws.distributed import (Dist, choose_device, choose_threads, cleanup, dist_env, exit_with_launcher,
                              init_distributed, resolve_backend)
@@ -78,14 +79,15 @@ def build_parser():
                    choices=["auto", "nccl", "gloo"], help="auto: nccl on GPUs, gloo on CPU")
     p.add_argument("--timeout", "--ddp.timeout", "--dist_timeout", dest="timeout", type=float, default=1800,
                    help="process-group timeout in seconds (init and every collective)")
-    p.add_argument("--num_workers", type=int, default=0, help="DataLoader workers per process")
-    p.add_argument("--pin_memory", action="store_true", help="pinned host memory for batches")
-    p.add_argument("--prefetch", type=int, default=2, help="batches prefetched per worker")
-    p.add_argument("--train_feature_cache", default=None,
-                   help="read training features from this kws.feature_cache folder (dither-0 fbank of "
-                        "--train_data) instead of extracting them; the fbank dither is then not applied")
-    p.add_argument("--cv_feature_cache", default=None,
-                   help="read CV features from this kws.feature_cache folder (of --cv_data)")
+    p.add_argument("--num_workers", type=int, default=0,
+                   help="accepted for WeKws's command line; unused: batches are slices of the audio store, "
+                        "featurised on the training device")
+    p.add_argument("--pin_memory", action="store_true", help="pinned host memory for batches (GPU)")
+    p.add_argument("--prefetch", type=int, default=2, help=argparse.SUPPRESS)  # WeKws's; unused
+    p.add_argument("--train_audio_store", default=None,
+                   help="audio store of --train_data (scripts/pack_audio.py); default: packed into "
+                        "MODEL_DIR/audio/train on first use")
+    p.add_argument("--cv_audio_store", default=None, help="audio store of --cv_data (default: MODEL_DIR/audio/cv)")
     p.add_argument("--cmvn_file", default=None, help="global_cmvn JSON (WeKws)")
     p.add_argument("--norm_var", action="store_true", help="normalise variance too (else mean only)")
     p.add_argument("--num_keywords", type=int, default=1, help="number of keywords (model outputs)")
@@ -246,20 +248,18 @@ def batch_backward(state, batch, active_ranks):
     return loss.item(), acc
 
 
-def train_one_epoch(state, batches, epoch):
-    """One pass over this rank's batches. Returns a dict of epoch statistics (identical on every rank)."""
+def train_one_epoch(state, batches, epoch, counts):
+    """One pass over this rank's batches; `counts` are the batches every rank has this epoch (known in
+    advance: kws.dataset), so no collective is needed to find out who still has one. Returns a dict of
+    epoch statistics (identical on every rank)."""
     state.model.train()
     loss_sum = acc_sum = utts = seen = 0.0
     norms = []
     skipped_before = state.guard.total
     batches = iter(batches)
-    batch_index = 0
-    while True:
-        batch = next(batches, None)
-        active = state.dist.sum([float(batch is not None)])[0] if state.dist.enabled else float(batch is not None)
-        if active == 0:
-            break
-        batch_index += 1
+    for batch_index in range(1, max(counts, default=0) + 1):
+        active = sum(1 for count in counts if count >= batch_index)
+        batch = next(batches) if counts[state.rank] >= batch_index else None
         state.step += 1
         loss_value = acc = float("nan")
         if batch is not None:
@@ -284,7 +284,7 @@ def train_one_epoch(state, batches, epoch):
         "train_loss": loss_sum / utts if utts else float("nan"),
         "train_acc": acc_sum / utts if utts else float("nan"),
         "train_utts": int(seen),
-        "batches": batch_index,
+        "batches": max(counts, default=0),
         "grad_norm": float(np.mean(norms)) if norms else float("nan"),
         "skipped_steps": state.guard.total - skipped_before,
     }
@@ -335,7 +335,7 @@ def train(args):
     if rank == 0:
         # The multi-GPU checklist, before a GPU hour is spent: ids vs processes, visibility, NCCL, clip, workers.
         report = run_preflight({"gpus": args.gpus, "nproc_per_node": local_world, "config": config,
-                                "num_workers": args.num_workers, "threads": args.threads,
+                                "threads": args.threads,
                                 "dist_backend": backend})
         for line in report.ok:
             log.info("preflight: %s", line)
@@ -363,16 +363,20 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     dictionary = dictionary_arg(args.dict, args.num_keywords)
     train_items = read_data_list(args.train_data, args.num_keywords, dictionary)
     cv_items = read_data_list(args.cv_data, args.num_keywords, dictionary)
+    stores = {}
+    for name, data_list, items, given in (("train", args.train_data, train_items, args.train_audio_store),
+                                          ("cv", args.cv_data, cv_items, args.cv_audio_store)):
+        # Decoded once (rank 0 packs a store in model_dir when none is given), then sliced every epoch.
+        stores[name] = open_or_build(given or model_dir / "audio" / name, data_list, items, build=given is None,
+                                     is_builder=rank == 0, wait=lambda: dist.barrier("the audio store", args.timeout),
+                                     threads=threads)
     train_set = KwsDataset(args.train_data, config["dataset_conf"], seed=args.seed, rank=rank,
-                           world_size=world_size, items=train_items, feature_cache=args.train_feature_cache)
-    cv_set = KwsDataset(args.cv_data, cv_dataset_conf(config["dataset_conf"]), seed=args.seed, rank=rank,
-                        world_size=world_size, items=cv_items, feature_cache=args.cv_feature_cache)
-    if args.train_feature_cache and rank == 0 and float(train_set.fbank_conf.get("dither", 0)) > 0:
-        log.info("training features from the cache %s: fbank dither %g is not applied (cached with dither 0)",
-                 args.train_feature_cache, float(train_set.fbank_conf["dither"]))
-    pin = args.pin_memory and device.type == "cuda"
-    train_loader = make_loader(train_set, args.num_workers, pin, args.prefetch)
-    cv_loader = make_loader(cv_set, args.num_workers, pin, args.prefetch)
+                           world_size=world_size, items=train_items, store=stores["train"])
+    cv_conf = cv_dataset_conf(config["dataset_conf"])
+    cv_set = KwsDataset(args.cv_data, cv_conf, seed=args.seed, rank=rank, world_size=world_size, items=cv_items,
+                        store=stores["cv"])
+    featurize = Featurizer(config["dataset_conf"], args.seed, rank, device, args.pin_memory)
+    featurize_cv = Featurizer(cv_conf, args.seed, rank, device, args.pin_memory)
 
     # Model.
     cmvn = read_cmvn(args.cmvn_file) if args.cmvn_file is not None else None
@@ -441,8 +445,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         lr = optimizer.param_groups[0]["lr"]
         started = time.monotonic()
         train_set.set_epoch(epoch)
-        stats = train_one_epoch(state, train_loader, epoch)
-        cv_loss, cv_acc, cv_utts = evaluate(state, cv_loader)
+        stats = train_one_epoch(state, featurize.batches(train_set, epoch), epoch, train_set.batch_counts())
+        cv_loss, cv_acc, cv_utts = evaluate(state, featurize_cv.batches(cv_set, epoch))
         if cv_utts == 0:
             raise KwsError(f"{args.cv_data}: no utterance passed dataset_conf.filter_conf")
         scheduler.step(cv_loss)

@@ -1,4 +1,5 @@
-"""The training data pipeline: sharding by rank and worker, determinism, epochs, filters, batches."""
+"""The training data path: sharding by rank, batch plans known in advance, determinism, epochs, filters,
+batches featurised on the batch equal to per-utterance features."""
 
 import collections
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 
 from helpers_train import TINY_CONFIG, make_split
-from kws.dataset import KwsDataset, cv_dataset_conf, make_loader, shard_order, spec_augment
-
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+from kws.audio import read_wav
+from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, shard_order, spec_augment
+from kws.features import compute_fbank
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +24,24 @@ def conf(**changes):
     return result
 
 
-def epoch_batches(data_list, dataset_conf, world_size, num_workers, epoch=0, seed=666):
-    """{rank: [batch, ...]} as the DataLoader of each rank delivers them."""
+def epoch_batches(data_list, dataset_conf, world_size, epoch=0, seed=666):
+    """{rank: [featurised batch, ...]} as each rank's training loop receives them."""
     result = {}
     for rank in range(world_size):
         dataset = KwsDataset(data_list, dataset_conf, seed=seed, rank=rank, world_size=world_size)
-        dataset.set_epoch(epoch)
-        result[rank] = list(make_loader(dataset, num_workers=num_workers))
+        result[rank] = list(Featurizer(dataset_conf, seed, rank).batches(dataset, epoch))
+        assert dataset.batch_counts() == [len(dataset.plan(r)) for r in range(world_size)]
+        assert dataset.batch_counts()[rank] == len(result[rank])
     return result
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
-def test_shard_order_covers_every_item_once(world_size, num_workers):
+def test_shard_order_covers_every_item_once(world_size):
     for num_items in (0, 1, 7, 11, 12):
         for epoch in (0, 1):
             seen = []
             for rank in range(world_size):
-                for worker in range(max(num_workers, 1)):
-                    seen += shard_order(num_items, 666, epoch, True, rank, world_size, worker, max(num_workers, 1))
+                seen += shard_order(num_items, 666, epoch, True, rank, world_size)
             assert sorted(seen) == list(range(num_items))
             sizes = [len(shard_order(num_items, 666, epoch, True, r, world_size)) for r in range(world_size)]
             assert max(sizes) - min(sizes) <= 1
@@ -49,11 +49,10 @@ def test_shard_order_covers_every_item_once(world_size, num_workers):
 
 @pytest.mark.parametrize("sort", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
-def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world_size, num_workers, sort):
+def test_every_utterance_exactly_once_across_ranks(train_list, world_size, sort):
     data_list, items = train_list
     sorting = {"sort": True, "sort_conf": {"sort_size": 5}} if sort else {}
-    batches = epoch_batches(data_list, conf(**sorting), world_size, num_workers, epoch=1)
+    batches = epoch_batches(data_list, conf(**sorting), world_size, epoch=1)
     keys = collections.Counter(key for rank in batches.values() for batch in rank for key in batch[0])
     assert keys == collections.Counter(item["key"] for item in items)
     for rank_batches in batches.values():
@@ -65,21 +64,23 @@ def test_every_utterance_exactly_once_across_ranks_and_workers(train_list, world
                 assert torch.all(feats[row, length:] == 0)
 
 
-def test_no_worker_and_one_worker_give_the_same_batches(train_list):
-    # train.num_workers defaults to 0 on 2-core machines; a user who sets 1 must train the same model.
-    data_list, _ = train_list
-    batches = [epoch_batches(data_list, conf(), 2, workers, epoch=1) for workers in (0, 1)]
-    flat = [[(b[0], *b[1:]) for rank in sorted(result) for b in result[rank]] for result in batches]
-    assert len(flat[0]) == len(flat[1])
-    for (keys0, *tensors0), (keys1, *tensors1) in zip(*flat):
-        assert keys0 == keys1 and all(torch.equal(a, b) for a, b in zip(tensors0, tensors1))
+def test_batch_features_equal_per_utterance_features(train_list):
+    """fbank on the padded batch is the features of each utterance alone (dither 0), zero-padded."""
+    data_list, items = train_list
+    by_key = {item["key"]: item for item in items}
+    cv = cv_dataset_conf(conf())
+    for keys, feats, lengths, _ in epoch_batches(data_list, cv, 1)[0]:
+        for row, key in enumerate(keys):
+            alone = compute_fbank(read_wav(by_key[key]["wav"]), cv["fbank_conf"], dither=0.0)
+            assert int(lengths[row]) == alone.shape[0]
+            assert torch.allclose(feats[row, :alone.shape[0]], alone, atol=1e-4)
 
 
 def test_deterministic_and_epoch_dependent(train_list):
     data_list, _ = train_list
-    first = epoch_batches(data_list, conf(), 2, 2, epoch=0)
-    again = epoch_batches(data_list, conf(), 2, 2, epoch=0)
-    later = epoch_batches(data_list, conf(), 2, 2, epoch=1)
+    first = epoch_batches(data_list, conf(), 2, epoch=0)
+    again = epoch_batches(data_list, conf(), 2, epoch=0)
+    later = epoch_batches(data_list, conf(), 2, epoch=1)
 
     def flat(result):
         return [(tuple(b[0]), b[1]) for rank in sorted(result) for b in result[rank]]
@@ -87,7 +88,7 @@ def test_deterministic_and_epoch_dependent(train_list):
     for (keys_a, feats_a), (keys_b, feats_b) in zip(flat(first), flat(again), strict=True):
         assert keys_a == keys_b and torch.equal(feats_a, feats_b)
     assert [k for k, _ in flat(first)] != [k for k, _ in flat(later)]
-    other_seed = epoch_batches(data_list, conf(), 2, 2, epoch=0, seed=1)
+    other_seed = epoch_batches(data_list, conf(), 2, epoch=0, seed=1)
     assert [k for k, _ in flat(first)] != [k for k, _ in flat(other_seed)]
 
 
@@ -96,7 +97,7 @@ def test_sorting_batches_similar_lengths_in_random_order(train_list):
     sorting = conf(sort=True, sort_conf={"sort_size": 8}, batch_conf={"batch_size": 2})
 
     def padded_and_real(dataset_conf, epoch=0):
-        batches = epoch_batches(data_list, dataset_conf, 1, 0, epoch=epoch)[0]
+        batches = epoch_batches(data_list, dataset_conf, 1, epoch=epoch)[0]
         padded = sum(b[1].shape[0] * b[1].shape[1] for b in batches)
         return padded, sum(int(b[2].sum()) for b in batches), batches
 
@@ -119,16 +120,16 @@ def test_cv_conf_is_plain_and_in_file_order(train_list):
     data_list, items = train_list
     cv = cv_dataset_conf(conf())
     assert cv["spec_aug"] is False and cv["shuffle"] is False and cv["fbank_conf"]["dither"] == 0.0
-    batches = epoch_batches(data_list, cv, 1, 0)
+    batches = epoch_batches(data_list, cv, 1)
     assert [k for b in batches[0] for k in b[0]] == [item["key"] for item in items]
-    again = epoch_batches(data_list, cv, 1, 0, epoch=5)
+    again = epoch_batches(data_list, cv, 1, epoch=5)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(batches[0], again[0], strict=True))
 
 
 def test_length_filter_drops_long_and_short(train_list):
     data_list, items = train_list
     cv = cv_dataset_conf(conf(filter_conf={"min_length": 40, "max_length": 55}))
-    batches = epoch_batches(data_list, cv, 1, 0)
+    batches = epoch_batches(data_list, cv, 1)
     lengths = [n for b in batches[0] for n in b[2].tolist()]
     assert lengths and all(40 <= n <= 55 for n in lengths)
     assert len(lengths) < len(items)
@@ -137,7 +138,7 @@ def test_length_filter_drops_long_and_short(train_list):
 def test_dynamic_batches_respect_frame_budget(train_list):
     data_list, items = train_list
     cv = cv_dataset_conf(conf(batch_conf={"batch_type": "dynamic", "max_frames_in_batch": 150}))
-    batches = epoch_batches(data_list, cv, 1, 0)
+    batches = epoch_batches(data_list, cv, 1)
     assert sum(len(b[0]) for b in batches[0]) == len(items)
     assert all(b[1].shape[0] * b[1].shape[1] <= 150 or b[1].shape[0] == 1 for b in batches[0])
 
@@ -147,7 +148,7 @@ def test_spec_augment_masks_bands():
 
     feats = torch.ones(50, 16)
     out = spec_augment(feats, np.random.default_rng(0), num_t_mask=2, num_f_mask=1, max_t=5, max_f=3)
-    assert torch.all(feats == 1)  # input untouched
+    assert out is feats  # in place: it masks the valid frames of a row of the batch
     zero_rows = (out == 0).all(dim=1).sum().item()
     zero_cols = (out == 0).all(dim=0).sum().item()
     assert 1 <= zero_rows <= 10 and 1 <= zero_cols <= 3

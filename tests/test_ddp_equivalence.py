@@ -43,7 +43,7 @@ def make_state(world_size):
         model=wrapped, bare_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         criterion=criterion("max_pooling"), dist=Dist(world_size, torch.device("cpu"), "gloo"),
         device=torch.device("cpu"), input_dim=INPUT_DIM, min_duration=3, grad_clip=1e9,
-        guard=trainer.NonFiniteGuard(5))
+        guard=trainer.NonFiniteGuard(5), rank=dist.get_rank() if world_size > 1 else 0)
 
 
 def rank_main(rank, folder, batches, cv_batches):
@@ -51,7 +51,7 @@ def rank_main(rank, folder, batches, cv_batches):
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
     try:
         state = make_state(2)
-        stats = trainer.train_one_epoch(state, batches[rank], epoch=1)
+        stats = trainer.train_one_epoch(state, batches[rank], epoch=1, counts=[len(b) for b in batches])
         cv = trainer.evaluate(state, cv_batches[rank])
         torch.save((state.bare_model.state_dict(), stats, cv), f"{folder}/rank{rank}.pt")
     finally:
@@ -72,7 +72,7 @@ def run_two_ranks(folder, batches, cv_batches):
 
 def single_process(batches, cv_batches):
     state = make_state(1)
-    stats = trainer.train_one_epoch(state, batches, epoch=1)
+    stats = trainer.train_one_epoch(state, batches, epoch=1, counts=[len(batches)])
     return state.bare_model.state_dict(), stats, trainer.evaluate(state, cv_batches)
 
 
@@ -107,7 +107,7 @@ def test_a_rank_without_a_batch_adds_nothing(tmp_path):
     a, b, c = make_batch(1, 4), make_batch(2, 4), make_batch(5, 4)
     ranks = run_two_ranks(tmp_path, [[a, c], [b]], [[make_batch(3, 2)], [make_batch(4, 2)]])
     state = make_state(1)
-    trainer.train_one_epoch(state, [union(a, b), c], epoch=1)
+    trainer.train_one_epoch(state, [union(a, b), c], epoch=1, counts=[2])
     for rank in (0, 1):
         assert_close(ranks[rank][0], state.bare_model.state_dict())
         assert ranks[rank][1]["batches"] == 2 and ranks[rank][1]["train_utts"] == 12

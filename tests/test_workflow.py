@@ -12,7 +12,7 @@ import yaml
 
 from workflow_utils import REPO, TINY_CONFIG, make_workdir, planned_jobs, snakemake, write_config
 
-DATA_JOBS = {"synthesize_corpus", "make_list"}
+DATA_JOBS = {"synthesize_corpus", "make_list", "pack_audio"}
 # What follows each stage (resolve_config records the settings, so any setting change rewrites it;
 # the export embeds the DET operating thresholds, so it follows scoring).
 SCORING_ONWARD = {"compute_det", "plot_det", "export_model", "resolve_config"}
@@ -188,7 +188,7 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"train/seed": 667}, TRAIN_ONWARD),
         ({"experiments/tiny/processes": 1}, TRAIN_ONWARD),
         # Swapped values: Snakemake alone would not notice (params compare values without names).
-        ({"train/num_workers": 5, "train/min_duration": 0}, TRAIN_ONWARD),
+        ({"train/seed": 5, "train/min_duration": 666}, TRAIN_ONWARD),
         (
             {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "dataset_conf.fbank_conf.num_mel_bins": 32}},
             TRAIN_ONWARD | {"compute_cmvn"},

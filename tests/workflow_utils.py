@@ -22,7 +22,7 @@ TINY_CONFIG = {
             "processes": 2,
         }
     },
-    "train": {"seed": 666, "num_workers": 0, "min_duration": 5},
+    "train": {"seed": 666, "min_duration": 5},
     "average": {"num": 2, "mode": "best"},
     "score": {"batch_size": 16},
     "det": {"step": 0.01, "window_shift": 50},

@@ -212,13 +212,9 @@ def train_args(exp):
     args = [
         f"--num_keywords {len(keywords())}",
         f"--seed {t['seed']}",
-        f"--num_workers {t['num_workers']}",
         f"--min_duration {t['min_duration']}",
         f"--ddp.dist_backend {t['dist_backend']}",
     ]
-    # Absent when off, so that runs without the feature cache are not retrained.
-    if t["feature_cache"]:
-        args.append(feature_cache_args(exp))
     if SMOKE:
         args.append(f"--max_epoch {config['smoke_epochs']}")
     args += [
@@ -261,29 +257,9 @@ def recipe_args():
     )
 
 
-def feature_cache_dirs(exp):
-    """The train and dev caches an experiment trains from ({} when train.feature_cache is off)."""
-    if not config["train"]["feature_cache"]:
-        return {}
-    tag = feature_tag(exp)
+def audio_stores(wildcards):
+    """The audio stores an experiment trains from (the full splits: a smoke run's slices are in them)."""
     return {
-        "train_cache": f"{RESULTS}/features/{tag}/train",
-        "cv_cache": f"{RESULTS}/features/{tag}/dev",
+        "train_store": f"{RESULTS}/audio/train",
+        "cv_store": f"{RESULTS}/audio/dev",
     }
-
-
-def feature_cache_inputs(wildcards):
-    return feature_cache_dirs(wildcards.exp)
-
-
-def feature_cache_args(exp):
-    dirs = feature_cache_dirs(exp)
-    if not dirs:
-        return ""
-    # From the cache, loading is a memory copy plus SpecAugment: DataLoader worker processes cost more
-    # (started every epoch, batches pickled across) than they save; measured in bench/results.md
-    # ("threads" rows), so the loader runs in the training process (overrides train.num_workers).
-    return (
-        f"--train_feature_cache {dirs['train_cache']} --cv_feature_cache {dirs['cv_cache']}"
-        " --num_workers 0"
-    )

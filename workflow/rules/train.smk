@@ -3,7 +3,7 @@
 
 rule train:
     input:
-        unpack(feature_cache_inputs),
+        unpack(audio_stores),
         train=training_list("train"),
         cv=training_list("dev"),
         words=f"{DATA}/dict/words.txt",
@@ -36,7 +36,8 @@ rule train:
         # attempt's log is kept under logs/attempts/ (Snakemake deletes the log before a rerun).
         "python -m kws.supervise --log {log} --watch-pid $PPID --"
         " {params.launcher} {input.script} --config {input.model_config} --train_data {input.train}"
-        " --cv_data {input.cv} --dict {input.words} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir}"
+        " --cv_data {input.cv} --train_audio_store {input.train_store} --cv_audio_store {input.cv_store}"
+        " --dict {input.words} --cmvn_file {input.cmvn} --norm_var --model_dir {params.model_dir}"
         " --restart_on_change"
         " {params.args} --timeout {resources.timeout_s} --threads {threads}"
 
