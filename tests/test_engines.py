@@ -7,7 +7,9 @@ them skip, except under CI (CI=true), where they fail.
 import json
 import os
 import random
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,3 +200,34 @@ def test_heldout_split_says_only_what_its_engine_can(english):
         assert item["kind"] != "other"
         for request in item["requests"]:
             assert request["engine"] == "flite" and "[[" not in request["text"]
+
+
+def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
+    """Dry runs: the English config plans test_engine's scoring and DET beside test's; a config that asks
+    for an engine that is not installed stops at start with one line naming the engine and its package."""
+    import subprocess
+    import sys
+
+    from workflow_utils import REPO, make_workdir, snakemake
+
+    _need("flite")
+    _need("festival")
+    root = make_workdir(tmp_path / "w")
+    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / "hey_kws.yaml"), timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for job in ("score_test_engine", "compute_det_test_engine", "plot_det_test_engine"):
+        assert re.search(rf"^{job}\s+[12]$", run.stdout, re.M), job
+    assert "results/hey_kws/ds_tcn_small/test_engine/metrics.json" in run.stdout
+    # a PATH without flite and festival: the one-line error names the engine and its package
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "sh", "which", "git"):
+        if shutil.which(tool):
+            (tools / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": f"{Path(sys.executable).parent}:{tools}", "HOME": str(tmp_path)}
+    bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile",
+                          str(root / "workflow" / "Snakefile"), "--directory", str(root), "--configfile",
+                          str(REPO / "config" / "hey_kws.yaml")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode != 0
+    assert "error: corpus.engines: engine festival is not installed (Debian: apt-get install festival" in bad.stderr

@@ -193,7 +193,7 @@ PHONEME_NEIGHBOURS = {
 NUMBERS_PROBE = "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 20 30 40 50 60 70 80 90 100 1000 1000000"
 OTHER_LANGUAGES = ("cmn", "en-us", "yue", "de", "fr", "es", "ru", "hi", "ja")
 CJK = ("cmn", "yue", "ja")
-_STRESS = "'," 
+_STRESS = "',"
 _SPLIT = re.compile(r"[\s_,.!?;:，。！？、]+")
 _LATIN = re.compile(r"^[a-zA-Z]+$")
 
