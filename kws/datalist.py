@@ -15,6 +15,7 @@ from kws.errors import KwsError
 
 FILLER = -1
 REQUIRED_FIELDS = ("key", "txt", "duration", "wav")
+EXTRA_FIELDS = ("engine", "voice")  # who spoke a synthetic utterance; WeKws ignores fields it does not read
 
 
 def read_text(path, what="file"):
@@ -180,12 +181,13 @@ def require_labels(items, path):
 
 
 def write_data_list(path, items):
-    """Write a `data.list` atomically, one JSON object per line, keys in WeKws order (`label` not written)."""
+    """Write a `data.list` atomically, one JSON object per line, keys in WeKws order (`label` not written),
+    then engine and voice where an item has them."""
     from kws.fileio import atomic_open
 
     with atomic_open(path) as out:
         for item in items:
-            record = {name: item[name] for name in REQUIRED_FIELDS}
+            record = {name: item[name] for name in REQUIRED_FIELDS + EXTRA_FIELDS if name in item}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Synthesise the default "hi xiaowen" corpus offline with eSpeak NG (wav.scp, text, dict/words.txt)."""
+"""Synthesise a keyword corpus offline (wav.scp, text, utt2voice per split, dict/words.txt): by default
+"hi xiaowen" / "nihao wenwen" with eSpeak NG; any phrase in any eSpeak NG language with --keywords."""
 
 import argparse
 
@@ -9,6 +10,9 @@ from kws.errors import cli
 @cli
 def main(argv=None):
     from kws.synth import SIZES, summary_line, synthesize_corpus
+    from kws.synth.augment import SPEAKER_TRANSFORMS
+    from kws.synth.corpus import CorpusSpec
+    from kws.synth.engines import ENGINES
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out-dir", required=True, help="corpus folder (wav/, train/, dev/, test/, dict/)")
@@ -19,9 +23,20 @@ def main(argv=None):
                         help="noise, babble, reverberation, speed, level and silence (default: on)")
     parser.add_argument("--train-utterances", type=int, default=None,
                         help="training split size instead of the size's own (dev and test unchanged)")
+    parser.add_argument("--language", default="cmn", help="eSpeak NG language code of the keywords (default: cmn)")
+    parser.add_argument("--keywords", nargs="*", default=[],
+                        help="keyword phrases (default: the language's built-in ones; cmn: hi_xiaowen nihao_wenwen)")
+    parser.add_argument("--engines", nargs="+", default=["espeak"], choices=ENGINES,
+                        help="engines of train, dev and test (default: espeak)")
+    parser.add_argument("--heldout-engine", default=None, choices=ENGINES,
+                        help="an engine heard only in an extra test split, test_engine")
+    parser.add_argument("--speaker-augment", nargs="*", default=[], choices=SPEAKER_TRANSFORMS,
+                        help="speaker augmentation transforms (default: none)")
     args = parser.parse_args(argv)
+    spec = CorpusSpec(language=args.language, keywords=args.keywords, engines=args.engines,
+                      heldout_engine=args.heldout_engine, speaker_augment=args.speaker_augment)
     summary = synthesize_corpus(args.out_dir, size=args.size, seed=args.seed, threads=args.threads,
-                                augment=args.augment, train_utterances=args.train_utterances)
+                                augment=args.augment, train_utterances=args.train_utterances, spec=spec)
     print(summary_line(summary))
 
 

@@ -54,7 +54,8 @@ def test_same_config_gives_identical_bytes(corpora):
 
 def test_splits_are_speaker_disjoint():
     voices = split_voices(SEED)
-    sets = {split: set(names) for split, names in voices.items()}
+    assert all(set(by_engine) == {"espeak"} for by_engine in voices.values())
+    sets = {split: set(by_engine["espeak"]) for split, by_engine in voices.items()}
     assert not sets["train"] & sets["dev"] and not sets["train"] & sets["test"] and not sets["dev"] & sets["test"]
     assert all(sets.values())
     assert not EXCLUDED_VARIANTS & set().union(*sets.values())
@@ -186,3 +187,39 @@ def test_cli(tmp_path):
     bad = subprocess.run([sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--threads", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("error: ")
+
+
+def test_default_plan_is_the_one_before_engines_and_phrases():
+    """The default corpus (Mandarin, eSpeak only) draws exactly what it drew before the synthesis engines and
+    any-phrase profiles came in (digests of the plan and chunks recorded from b9f382b's code)."""
+    import hashlib
+    import json
+
+    from kws.synth.corpus import make_chunks
+
+    def digest(value):
+        return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    plan, _ = plan_corpus("default", 666)
+    assert digest(plan) == "29b04160c3287e2e64141625506ef61da9f60a1c541ce00c8d9fb691ec4bc84c"
+    assert digest(make_chunks(plan, 666)) == "c86c119294c9ccc9759d3a5e1b981ade2684aafdbbce9a2d6f8c824902c16f35"
+    plan, _ = plan_corpus("tiny", SEED)
+    assert digest(plan) == "57f3f7bc85f6d6395215c9a50e78fa75ddc2f3e89a727049878570619d7fd539"
+
+
+def test_each_utterance_records_engine_and_voice(corpora):
+    root, _ = corpora
+    from kws.lists import make_list
+
+    for split in SPLITS:
+        voices = read_kaldi_map(root / "a" / split / "utt2voice")
+        assert list(voices) == list(read_kaldi_map(root / "a" / split / "text"))
+        for key, value in voices.items():
+            engine, voice = value.split()
+            assert engine == "espeak" and (voice == "mixed") == key.endswith("_stream")
+            assert voice == "mixed" or voice.split("+")[0] in ("cmn", "cmn-latn-pinyin", "yue") or "en" in voice
+    summary = make_list(root / "a" / "dev", root / "a" / "dict" / "words.txt", data_list=root / "dev.list",
+                        wav_dur=root / "dev.dur")
+    import json
+    lines = [json.loads(line) for line in Path(summary["data_list"]).read_text().splitlines()]
+    assert all(list(item)[:4] == ["key", "txt", "duration", "wav"] and item["engine"] == "espeak" for item in lines)

@@ -135,3 +135,160 @@ def reverberate(x, rng, rate, rt60):
     wet = np.fft.irfft(np.fft.rfft(x, size) * np.fft.rfft(ir, size), size)[:len(x)]
     before, after = rms(x), rms(wet)
     return (wet * (before / after) if after > 0 else wet).astype(np.float32)
+
+
+# --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
+SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps")
+
+
+def _frames(x, size, hop):
+    n = 1 + max(0, -(-(len(x) - size) // hop))
+    padded = np.concatenate([x, np.zeros(n * hop + size - len(x), np.float64)])
+    return np.lib.stride_tricks.sliding_window_view(padded, size)[::hop][:n]
+
+
+def time_stretch(x, rate, factor, frame_s=0.03, tolerance_s=0.01):
+    """WSOLA: duration x `factor` (> 1 slower) at unchanged pitch and formants."""
+    x = np.asarray(x, dtype=np.float64)
+    if abs(factor - 1.0) < 1e-6 or len(x) == 0:
+        return x.astype(np.float32)
+    size = int(frame_s * rate) & ~1
+    hop_out, tol = size // 2, int(tolerance_s * rate)
+    window = np.hanning(size)
+    n_out = int(round(len(x) * factor))
+    n_frames = n_out // hop_out + 1
+    src = np.concatenate([np.zeros(tol), x, np.zeros(size + tol + int(hop_out / factor) + hop_out)])
+    out = np.zeros(n_frames * hop_out + size)
+    norm = np.zeros_like(out)
+    previous = tol  # input position (in src) of the frame placed last
+    for k in range(n_frames):
+        target = tol + int(k * hop_out / factor)
+        if k:
+            # the frame that best continues the previous one (waveform similarity), near its nominal place
+            natural = src[previous + hop_out:previous + hop_out + size]
+            region = src[target - tol:target + tol + size]
+            best = target - tol + int(np.argmax(np.correlate(region, natural, "valid")))
+        else:
+            best = target
+        out[k * hop_out:k * hop_out + size] += src[best:best + size] * window
+        norm[k * hop_out:k * hop_out + size] += window
+        previous = best
+    return (out / np.maximum(norm, 1e-3))[:n_out].astype(np.float32)
+
+
+def _stft(x, size, hop):
+    window = np.sqrt(np.hanning(size + 1)[:-1])  # sqrt-Hann analysis and synthesis: overlap-adds to 1 at hop size/4 x2
+    return np.fft.rfft(_frames(np.asarray(x, np.float64), size, hop) * window, axis=1), window
+
+
+def _istft(spec, window, hop, length):
+    frames = np.fft.irfft(spec, len(window), axis=1) * window
+    size = len(window)
+    out = np.zeros(len(frames) * hop + size)
+    norm = np.zeros_like(out)
+    for i, frame in enumerate(frames):
+        out[i * hop:i * hop + size] += frame
+        norm[i * hop:i * hop + size] += window ** 2
+    return (out / np.maximum(norm, 1e-3))[:length]
+
+
+def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30):
+    """Per STFT frame: move the spectral envelope (cepstrally smoothed) along frequency by `formant`
+    (> 1: a shorter vocal tract, formants up) keeping the harmonics, then apply `gain_db(freqs)`."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        return x.astype(np.float32)
+    hop = size // 4
+    spec, window = _stft(x, size, hop)
+    freqs = np.fft.rfftfreq(size, 1 / rate)
+    gain = np.ones(len(freqs))
+    if formant != 1.0:
+        log_mag = np.log(np.maximum(np.abs(spec), 1e-9))
+        cep = np.fft.irfft(log_mag, size, axis=1)
+        cep[:, lifter:size - lifter + 1] = 0.0
+        envelope = np.fft.rfft(cep, size, axis=1).real
+        bins = np.arange(len(freqs))
+        warped = np.stack([np.interp(bins / formant, bins, row) for row in envelope])
+        spec = spec * np.exp(warped - envelope)
+    if gain_db is not None:
+        gain = 10 ** (gain_db(freqs) / 20)
+    return _istft(spec * gain, window, hop, len(x)).astype(np.float32)
+
+
+def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0):
+    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant)."""
+    factor = Fraction(round(2 ** (semitones / 12), 2)).limit_denominator(100)
+    y = resample(x, Fraction(rate), Fraction(rate) / factor) if factor != 1 else np.asarray(x, np.float32)
+    y = time_stretch(y, rate, float(factor) * tempo)
+    relative = formant / float(factor)  # resampling moved the formants by `factor` too: undo, then apply
+    return reshape_spectrum(y, rate, formant=relative) if abs(relative - 1) > 1e-3 else y
+
+
+def spectral_gain(rng):
+    """A random smooth EQ curve in dB: a tilt per octave around 1 kHz plus two peaks or notches."""
+    tilt = rng.uniform(-3.0, 3.0)
+    bumps = [(rng.uniform(np.log2(200), np.log2(5000)), rng.uniform(-6, 6), rng.uniform(0.3, 1.0)) for _ in range(2)]
+
+    def gain_db(freqs):
+        octave = np.log2(np.maximum(freqs, 100.0))
+        curve = tilt * (octave - np.log2(1000.0))
+        for centre, height, width in bumps:
+            curve = curve + height * np.exp(-0.5 * ((octave - centre) / width) ** 2)
+        return curve
+
+    return gain_db
+
+
+def jitter_gaps(x, rate, rng, low=0.4, high=2.5, min_gap_s=0.03, floor_db=-35.0):
+    """Each pause inside the speech (10 ms frames `floor_db` below the loudest) is scaled by a random
+    factor: the timing between words changes, the words do not."""
+    hop = rate // 100
+    n = len(x) // hop
+    if n < 3:
+        return x
+    energy = np.square(x[:n * hop].astype(np.float64)).reshape(n, hop).mean(axis=1)
+    quiet = energy < energy.max() * 10 ** (floor_db / 10)
+    loud = np.flatnonzero(~quiet)
+    if len(loud) == 0:
+        return x
+    parts, position, frame = [], 0, loud[0]
+    while frame <= loud[-1]:
+        if quiet[frame]:
+            end = frame
+            while quiet[end]:
+                end += 1
+            if end - frame >= min_gap_s * 100:
+                start, stop = frame * hop, end * hop
+                parts.append(x[position:start])
+                gap = x[start:stop]
+                length = int(len(gap) * rng.uniform(low, high))
+                parts.append(np.resize(gap, length) if length > len(gap) else gap[:length])
+                position = stop
+            frame = end
+        else:
+            frame += 1
+    parts.append(x[position:])
+    return np.concatenate(parts).astype(np.float32)
+
+
+def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
+    """Speaker augmentation: each transform of `transforms` with probability `p`. The draws are the same
+    whichever transforms are enabled (so enabling one leaves the others' values alone)."""
+    draws = {
+        "vtl": (rng.random() < p, rng.uniform(0.87, 1.15)),
+        "pitch": (rng.random() < p, rng.uniform(-4.0, 4.0)),
+        "rate": (rng.random() < p, rng.uniform(0.85, 1.2)),
+        "eq": (rng.random() < p, spectral_gain(rng)),
+        "gaps": (rng.random() < p, np.random.default_rng(rng.integers(2**63))),
+    }
+    on = {name: value for name, (hit, value) in draws.items() if hit and name in transforms}
+    y = np.asarray(x, np.float32)
+    if "gaps" in on:
+        y = jitter_gaps(y, rate, on["gaps"])
+    if "pitch" in on or "rate" in on:
+        y = pitch_shift(y, rate, on.get("pitch", 0.0), formant=on.get("vtl", 1.0), tempo=on.get("rate", 1.0))
+    elif "vtl" in on:
+        y = reshape_spectrum(y, rate, formant=on["vtl"])
+    if "eq" in on:
+        y = reshape_spectrum(y, rate, gain_db=on["eq"])
+    return y

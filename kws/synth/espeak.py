@@ -25,6 +25,8 @@ EXCLUDED_VARIANTS = frozenset({"Annie", "Demonic", "Henrique", "Hugo", "grandma"
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
+_PHONEMES_IN_TEXT = 0x100  # espeakPHONEMES: `[[...]]` in the text is read as phoneme mnemonics
+_PHONEME_SEPARATOR = ord("_") << 8  # espeak_TextToPhonemes: bits 8-23 hold the separator character
 _PARAM = {"rate": 1, "volume": 2, "pitch": 3, "range": 4}
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
@@ -60,6 +62,8 @@ class Engine:
         lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
                                      ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
         lib.espeak_Synth.restype = ctypes.c_int
+        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
         if rate != ESPEAK_RATE:
             raise KwsError(f"{lib_path}: eSpeak NG initialisation failed (returned {rate})")
@@ -84,10 +88,25 @@ class Engine:
                 lib.espeak_SetParameter(code, int(request[name]), 0)
         lib.espeak_ng_SetRandSeed(int(request.get("seed", 1)))
         text = request["text"].encode("utf-8")
-        status = lib.espeak_Synth(text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+        # Only texts that hold phoneme input set the flag: every other text synthesises as it always did.
+        flags = _CHARS_UTF8 | (_PHONEMES_IN_TEXT if "[[" in request["text"] else 0)
+        status = lib.espeak_Synth(text, len(text) + 1, 0, _POS_CHARACTER, 0, flags, None, None)
         if status != 0:
             raise KwsError(f"eSpeak NG could not synthesise {request['text']!r} (status {status})")
         return b"".join(self._chunks)
+
+    def phonemize(self, text, voice):
+        """eSpeak's phoneme mnemonics of `text` as a list of words, each a list of phonemes (stress
+        marks kept on their phoneme), e.g. `hey` -> [["h", "'eI"]]."""
+        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise KwsError(f"eSpeak NG has no voice {voice!r}")
+        pointer = ctypes.c_char_p(text.encode("utf-8"))
+        clauses = []
+        while pointer.value:
+            result = self._lib.espeak_TextToPhonemes(ctypes.byref(pointer), _CHARS_UTF8, _PHONEME_SEPARATOR)
+            clauses.append((result or b"").decode("utf-8", errors="replace"))
+        words = " ".join(clauses).split()
+        return [[p for p in word.split("_") if p and p != "|"] for word in words]
 
 
 _ENGINE = None
@@ -182,3 +201,37 @@ def synthesize_batch(requests, log=None):
                 + ("skipped" if retry_error else f"retried with {crashed['voice'].split('+')[0]}"))
         out.append(None if retry_error else retry[0])
     return out
+
+
+def phonemize_batch(texts_and_voices):
+    """[(text, voice), ...] -> eSpeak phonemes of each (see Engine.phonemize), computed in a forked child
+    so that this process's engine stays as initialised (synthesis output depends on that state)."""
+    import json
+
+    eng = engine()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        code = 0
+        try:
+            try:
+                payload = {"ok": [eng.phonemize(text, voice) for text, voice in texts_and_voices]}
+            except KwsError as err:
+                payload = {"error": str(err)}
+            view = memoryview(json.dumps(payload).encode())
+            while view:
+                view = view[os.write(write_fd, view):]
+        except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+            code = 3
+        os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or not data:
+        raise KwsError(f"eSpeak NG crashed while phonemizing {texts_and_voices[:1]!r}...")
+    payload = json.loads(data)
+    if "error" in payload:
+        raise KwsError(payload["error"])
+    return payload["ok"]

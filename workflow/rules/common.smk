@@ -16,6 +16,8 @@ from kws.launch import (
     train_launcher,
 )
 from kws.sourcecode import imported_files
+from kws.synth.corpus import CorpusSpec
+from kws.synth.phrases import keyword_names as phrase_keywords
 
 REPO = Path(workflow.basedir).parent
 SCRIPTS = REPO / "scripts"
@@ -26,7 +28,13 @@ DATA = f"{RESULTS}/data/{CORPUS['name']}"
 # the logs first; it shares corpus and CMVN but writes its experiments under results/smoke/.
 SMOKE = config["smoke"]
 OUT = f"{RESULTS}/smoke" if SMOKE else RESULTS
-SPLITS = ["train", "dev", "test"]
+HELDOUT_SPLIT = (
+    "test_engine"  # a held-out synthesis engine's test split (corpus.heldout_engine)
+)
+SPLITS = ["train", "dev", "test"] + (
+    [HELDOUT_SPLIT] if CORPUS["heldout_engine"] else []
+)
+EVAL_SPLITS = [s for s in SPLITS if s.startswith("test")]
 EXPERIMENTS = sorted(config["experiments"])
 
 # Keyword tokens per corpus (the recipe writes the same into dict/words.txt).
@@ -41,7 +49,7 @@ DEFAULT_KEYWORDS = {
 
 wildcard_constraints:
     exp="|".join(EXPERIMENTS),
-    split="train|dev|test",
+    split="|".join(SPLITS),
 
 
 def fail(message):
@@ -58,6 +66,10 @@ if CORPUS["name"] != "synthetic" and not CORPUS["root"]:
 
 def keywords():
     """Keyword names (lower case, no brackets) of the configured corpus."""
+    if (
+        CORPUS["name"] == "synthetic"
+    ):  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
+        return phrase_keywords(CORPUS["language"], CORPUS["keywords"])
     words = CORPUS["keywords"] or DEFAULT_KEYWORDS[CORPUS["name"]]
     if not words:
         fail("config: corpus.keywords must list the keywords of a kaldi corpus")
@@ -178,6 +190,11 @@ def all_targets():
             f"{OUT}/{exp}/config.yaml",
             f"{OUT}/{exp}/export/model.onnx",
         ]
+        targets += [
+            f"{eval_dir(s).format(exp=exp)}/{f}"
+            for s in EVAL_SPLITS[1:]
+            for f in ("metrics.json", "det.png")
+        ]
     if len(EXPERIMENTS) > 1:
         targets += [f"{OUT}/comparison/det.png", f"{OUT}/comparison/metrics.md"]
     return targets
@@ -243,10 +260,42 @@ def det_args():
 def synth_args():
     c = CORPUS
     train = c["train_utterances"]
+    words = " ".join(shlex.quote(w) for w in c["keywords"])
+    heldout = c["heldout_engine"]
     return (
         f"--size {c['size']} --seed {c['seed']} {'--augment' if c['augment'] else '--no-augment'}"
         + (f" --train-utterances {train}" if train else "")
+        + f" --language {shlex.quote(c['language'])} --keywords {words}"
+        + f" --engines {' '.join(c['engines'])}"
+        + (f" --heldout-engine {heldout}" if heldout else "")
+        + f" --speaker-augment {' '.join(c['speaker_augment'])}"
     )
+
+
+def eval_dir(split, for_expand=False):
+    """Where an evaluated split's scores, metrics and DET go: test as always, others in a subfolder."""
+    parts = [OUT, "{{exp}}" if for_expand else "{exp}"] + ([] if split == "test" else [split])
+    return os.path.join(*parts)
+
+
+def eval_rule(name, split):
+    return name if split == "test" else f"{name}_{split}"
+
+
+# A synthetic corpus's engines, languages and phrases are checked at start (a missing engine names its
+# Debian package), not after the first hour of a run.
+if CORPUS["name"] == "synthetic":
+    try:
+        CorpusSpec(
+            CORPUS["language"],
+            CORPUS["keywords"],
+            CORPUS["engines"],
+            CORPUS["heldout_engine"],
+            CORPUS["speaker_augment"],
+        )
+        phrase_keywords(CORPUS["language"], CORPUS["keywords"])
+    except KwsError as err:
+        fail(str(err))
 
 
 def recipe_args():

@@ -8,6 +8,12 @@ CORPUS_OUTPUTS = {
         for name in ("wav.scp", "text")
     },
 }
+# who spoke each synthetic utterance (engine, voice): copied into data.list by make_list
+VOICE_OUTPUTS = (
+    {f"{split}_utt2voice": f"{DATA}/{split}/utt2voice" for split in SPLITS}
+    if CORPUS["name"] == "synthetic"
+    else {}
+)
 
 
 if CORPUS["name"] == "synthetic":
@@ -18,6 +24,7 @@ if CORPUS["name"] == "synthetic":
             code=code_of("synthesize_corpus.py"),
         output:
             **CORPUS_OUTPUTS,
+            **VOICE_OUTPUTS,
         log:
             f"{RESULTS}/logs/synthesize_corpus.log",
         benchmark:
@@ -58,6 +65,9 @@ rule make_list:
         wav_scp=f"{DATA}/{{split}}/wav.scp",
         text=f"{DATA}/{{split}}/text",
         words=f"{DATA}/dict/words.txt",
+        utt2voice=lambda wildcards: VOICE_OUTPUTS.get(
+            f"{wildcards.split}_utt2voice", []
+        ),
         script=script("make_list.py"),
         code=code_of("make_list.py"),
     output:

@@ -22,96 +22,111 @@ rule average_model:
         " --out {output} > {log} 2>&1"
 
 
-rule score:
-    input:
-        model=f"{OUT}/{{exp}}/avg.pt",
-        test=f"{DATA}/test/data.list",
-        words=f"{DATA}/dict/words.txt",
-        script=script("score.py"),
-        code=code_of("score.py"),
-    output:
-        f"{OUT}/{{exp}}/score.txt",
-    log:
-        f"{OUT}/logs/score.{{exp}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/score.{{exp}}.tsv"
-    conda:
-        "../../environment.yml"
-    threads: 2
-    resources:
-        gpu=config["score"]["gpu"],
-        # A resource, not a param: the batch size changes the speed, not a score (score.txt is
-        # byte-identical at any size), so it must not rescore.
-        batch_size=config["score"]["batch_size"],
-    params:
-        args=score_args(),
-        launcher=(
-            f"python -m kws.gpu --gpus 1 --lock-dir {OUT}/.gpu-locks --"
-            if config["score"]["gpu"]
-            else ""
-        ),
-    shell:
-        "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
-        " --dict {input.words} --out {output} {params.args} --batch-size {resources.batch_size}"
-        " --threads {threads} > {log} 2>&1"
+# `test` (in-domain: held-out voices of the training engines) and, with corpus.heldout_engine, `test_engine`
+# (an engine never heard in training), each scored and DET'd the same way.
+for evalset in EVAL_SPLITS:
 
+    rule:
+        name:
+            eval_rule("score", evalset)
+        input:
+            model=f"{OUT}/{{exp}}/avg.pt",
+            test=f"{DATA}/{evalset}/data.list",
+            words=f"{DATA}/dict/words.txt",
+            script=script("score.py"),
+            code=code_of("score.py"),
+        output:
+            f"{eval_dir(evalset)}/score.txt",
+        log:
+            f"{OUT}/logs/{eval_rule('score', evalset)}.{{exp}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/{eval_rule('score', evalset)}.{{exp}}.tsv"
+        conda:
+            "../../environment.yml"
+        threads: 2
+        resources:
+            gpu=config["score"]["gpu"],
+            # A resource, not a param: the batch size changes the speed, not a score (score.txt is
+            # byte-identical at any size), so it must not rescore.
+            batch_size=config["score"]["batch_size"],
+        params:
+            args=score_args(),
+            launcher=(
+                f"python -m kws.gpu --gpus 1 --lock-dir {OUT}/.gpu-locks --"
+                if config["score"]["gpu"]
+                else ""
+            ),
+        shell:
+            "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
+            " --dict {input.words} --out {output} {params.args} --batch-size {resources.batch_size}"
+            " --threads {threads} > {log} 2>&1"
 
-rule compute_det:
-    input:
-        score=f"{OUT}/{{exp}}/score.txt",
-        test=f"{DATA}/test/data.list",
-        words=f"{DATA}/dict/words.txt",
-        script=script("compute_det.py"),
-        code=code_of("compute_det.py"),
-    output:
-        metrics=report(
-            f"{OUT}/{{exp}}/metrics.json",
-            caption="../report/metrics.rst",
-            category="Metrics",
-        ),
-        table=report(
-            f"{OUT}/{{exp}}/metrics.tsv",
-            caption="../report/metrics.rst",
-            category="Metrics",
-        ),
-        markdown=f"{OUT}/{{exp}}/metrics.md",
-        stats=expand(f"{OUT}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
-    log:
-        f"{OUT}/logs/compute_det.{{exp}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/compute_det.{{exp}}.tsv"
-    conda:
-        "../../environment.yml"
-    params:
-        out_dir=lambda wildcards, output: Path(output.metrics).parent,
-        args=det_args(),
-    shell:
-        "python {input.script} --score {input.score} --test-data {input.test} --dict {input.words}"
-        " {params.args} --out-dir {params.out_dir} > {log} 2>&1"
+    rule:
+        name:
+            eval_rule("compute_det", evalset)
+        input:
+            score=f"{eval_dir(evalset)}/score.txt",
+            test=f"{DATA}/{evalset}/data.list",
+            words=f"{DATA}/dict/words.txt",
+            script=script("compute_det.py"),
+            code=code_of("compute_det.py"),
+        output:
+            metrics=report(
+                f"{eval_dir(evalset)}/metrics.json",
+                caption="../report/metrics.rst",
+                category="Metrics",
+            ),
+            table=report(
+                f"{eval_dir(evalset)}/metrics.tsv",
+                caption="../report/metrics.rst",
+                category="Metrics",
+            ),
+            markdown=f"{eval_dir(evalset)}/metrics.md",
+            stats=expand(
+                f"{eval_dir(evalset, for_expand=True)}/det/stats.{{keyword}}.txt",
+                keyword=keywords(),
+            ),
+        log:
+            f"{OUT}/logs/{eval_rule('compute_det', evalset)}.{{exp}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/{eval_rule('compute_det', evalset)}.{{exp}}.tsv"
+        conda:
+            "../../environment.yml"
+        params:
+            out_dir=lambda wildcards, output: Path(output.metrics).parent,
+            args=det_args(),
+        shell:
+            "python {input.script} --score {input.score} --test-data {input.test} --dict {input.words}"
+            " {params.args} --out-dir {params.out_dir} > {log} 2>&1"
 
-
-rule plot_det:
-    input:
-        stats=expand(f"{OUT}/{{{{exp}}}}/det/stats.{{keyword}}.txt", keyword=keywords()),
-        script=script("plot_det.py"),
-        code=code_of("plot_det.py"),
-    output:
-        report(
-            f"{OUT}/{{exp}}/det.png",
-            caption="../report/det.rst",
-            category="DET curves",
-        ),
-    log:
-        f"{OUT}/logs/plot_det.{{exp}}.log",
-    benchmark:
-        f"{OUT}/benchmarks/plot_det.{{exp}}.tsv"
-    conda:
-        "../../environment.yml"
-    params:
-        labels=" ".join(keywords()),
-    shell:
-        "python {input.script} --stats {input.stats} --labels {params.labels}"
-        " --title {wildcards.exp} --out {output} > {log} 2>&1"
+    rule:
+        name:
+            eval_rule("plot_det", evalset)
+        input:
+            stats=expand(
+                f"{eval_dir(evalset, for_expand=True)}/det/stats.{{keyword}}.txt",
+                keyword=keywords(),
+            ),
+            script=script("plot_det.py"),
+            code=code_of("plot_det.py"),
+        output:
+            report(
+                f"{eval_dir(evalset)}/det.png",
+                caption="../report/det.rst",
+                category="DET curves",
+            ),
+        log:
+            f"{OUT}/logs/{eval_rule('plot_det', evalset)}.{{exp}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/{eval_rule('plot_det', evalset)}.{{exp}}.tsv"
+        conda:
+            "../../environment.yml"
+        params:
+            labels=" ".join(keywords()),
+            suffix="" if evalset == "test" else f"-{evalset}",
+        shell:
+            "python {input.script} --stats {input.stats} --labels {params.labels}"
+            " --title {wildcards.exp}{params.suffix} --out {output} > {log} 2>&1"
 
 
 rule plot_training:

@@ -1,0 +1,233 @@
+"""Synthesis engines, any-phrase profiles and speaker augmentation (kws.synth.engines/phrases/augment).
+
+Flite and Festival come from Debian (.ci/run installs them); where they cannot be had the tests that need
+them skip, except under CI (CI=true), where they fail.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kws.datalist import read_kaldi_map
+from kws.errors import KwsError
+from kws.synth import augment as aug
+from kws.synth import engines
+from kws.synth.corpus import HELDOUT_SPLIT, SPLITS, CorpusSpec, plan_corpus, synthesize_corpus
+from kws.synth.phrases import _normal, keyword_names, make_profile, token_of
+
+RATE = 16000
+ENGLISH = {"language": "en-us", "keywords": ["hey kws"]}
+
+
+def _need(engine):
+    try:
+        engines.check_engine(engine)
+    except KwsError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have {engine}: {err}")
+        pytest.skip(str(err))
+
+
+def _quiet(_message):
+    pass
+
+
+def test_a_phrase_gives_its_token():
+    assert token_of("hey kws") == "<HEY_KWS>" and token_of("Hallo, Computer!") == "<HALLO_COMPUTER>"
+    assert make_profile("en-us", ["hey kws", "stop music"]).tokens == ("<HEY_KWS>", "<STOP_MUSIC>")
+    assert keyword_names("en-us", ["hey kws"]) == ["hey_kws"]
+    assert keyword_names() == ["hi_xiaowen", "nihao_wenwen"]
+    # the built-in Mandarin phrases keep their tokens when given by their text
+    assert make_profile("cmn", ["你好问问"]).tokens == ("<NIHAO_WENWEN>",)
+    with pytest.raises(KwsError, match="corpus.keywords"):
+        token_of(" , ")
+    with pytest.raises(KwsError, match="corpus.keywords: .*already taken"):
+        make_profile("en-us", ["hey kws", "Hey, KWS"])
+    with pytest.raises(KwsError, match="corpus.language: eSpeak NG has no language 'xx-yy'"):
+        make_profile("xx-yy", ["hey"])
+
+
+def test_confusables_are_partial_reordered_and_neighbours_never_the_phrase():
+    profile = make_profile(**ENGLISH)
+    text = set(profile.text_confusables)
+    assert {"hey", "kws", "kws hey"} <= text  # partial phrases, reordered words
+    swapped = {c for c in text if len(c.split()) == 2 and c != "kws hey"}
+    assert len(swapped) >= 4  # a word, or a letter of the spelled word, swapped for a phonetic neighbour
+    assert any(c.startswith("hey ") for c in swapped) and any(c.endswith(" kws") for c in swapped)
+    assert all("heykws" not in _normal(c) for c in text)
+    phrase = profile._phrase_phonemes[0]
+    joined = "[[" + " ".join("".join(w) for w in phrase) + "]]"
+    assert profile.phoneme_confusables and joined not in profile.phoneme_confusables
+    # a keyword that is part of another is never a confusable of it
+    two = make_profile("en-us", ["hey kws", "kws"])
+    assert "kws" not in two.text_confusables and "hey" in two.text_confusables
+    rng = random.Random(3)
+    for kind in ("hard", "lang", "syl", "other"):
+        for _ in range(50):
+            _, said = two.text(rng, kind)
+            assert not two.banned(said)
+    # Mandarin phrases keep the hand-written near-misses and add made ones
+    mandarin = make_profile("cmn", ["hi_xiaowen"])
+    assert "嗨小王" in mandarin.text_confusables and "小问嗨" in mandarin.text_confusables
+
+
+def test_other_languages_get_fillers_in_their_own_language():
+    profile = make_profile("de", ["hallo computer"])
+    assert profile.tokens == ("<HALLO_COMPUTER>",) and "de" in profile.accents
+    rng = random.Random(1)
+    assert {profile.text(rng, "lang")[0] for _ in range(20)} == {"de"}
+    assert all(profile.text(rng, "other")[0].split("-")[0] != "de" for _ in range(20))
+
+
+def test_a_missing_engine_names_its_package(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(KwsError, match=r"^corpus.engines: engine flite is not installed \(Debian: apt-get install "
+                                       r"flite\)$"):
+        engines.check_engine("flite")
+    with pytest.raises(KwsError, match="apt-get install festival festvox-kallpc16k"):
+        CorpusSpec(engines=["espeak", "festival"])
+    with pytest.raises(KwsError, match="corpus.engines: unknown engine 'say'"):
+        engines.check_engine("say")
+    CorpusSpec()  # the default needs eSpeak NG only
+    with pytest.raises(KwsError, match="corpus.heldout_engine: espeak is also in corpus.engines"):
+        CorpusSpec(heldout_engine="espeak")
+
+
+@pytest.mark.parametrize("engine", engines.ENGINES)
+def test_every_engine_speaks_through_one_interface(engine):
+    _need(engine)
+    table = engines.voices(engine)
+    assert table
+    voice = sorted(table)[-1]
+    slow = engines.speak("hey kws", "en-us", voice, rate=120, engine=engine)
+    fast = engines.speak("hey kws", "en-us", voice, rate=240, engine=engine)
+    assert slow.dtype == np.float32 and aug.rms(slow) > 1e-3
+    assert len(aug.trim_silence(slow, RATE)) > 1.4 * len(aug.trim_silence(fast, RATE))
+    if engine != "espeak":
+        with pytest.raises(KwsError, match="does not speak 'cmn'"):
+            engines.speak("你好", "cmn", voice, engine=engine)
+
+
+def _f0(x):
+    """The strongest spectral peak (Hz) of a steady tone."""
+    spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return np.argmax(spectrum) * RATE / len(x)
+
+
+def test_speaker_transforms_change_what_they_should_only():
+    t = np.arange(RATE) / RATE
+    tone = (np.sin(2 * np.pi * 200 * t) * 0.5).astype(np.float32)
+    shifted = aug.pitch_shift(tone, RATE, 4.0)
+    assert abs(len(shifted) - len(tone)) < 0.01 * RATE  # pitch without tempo
+    assert abs(_f0(shifted[2000:-2000]) - 200 * 2 ** (4 / 12)) < 6
+    slow = aug.time_stretch(tone, RATE, 1.25)
+    assert len(slow) == int(1.25 * RATE) and abs(_f0(slow[2000:-2000]) - 200) < 3  # tempo without pitch
+    # formant warping moves the envelope, not the harmonics: energy shifts up, the 200 Hz peak stays
+    harmonics = sum(np.sin(2 * np.pi * 200 * k * t) * np.exp(-((200 * k - 800) / 300) ** 2) for k in range(1, 20))
+    warped = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, formant=1.3)
+    centroid = [np.sum(np.fft.rfftfreq(RATE, 1 / RATE) * np.abs(np.fft.rfft(y))) / np.sum(np.abs(np.fft.rfft(y)))
+                for y in (harmonics, warped)]
+    peak = _f0(warped[2000:-2000])
+    assert centroid[1] > centroid[0] * 1.15 and peak > 900 and min(peak % 200, 200 - peak % 200) < 3
+    words = np.concatenate([tone[:4000], np.zeros(3200, np.float32), tone[:4000]])
+    gaps = {len(aug.jitter_gaps(words, RATE, np.random.default_rng(s))) for s in range(5)}
+    assert len(gaps) > 1 and all(8000 < n < 8000 + 3 * 3200 for n in gaps)  # only the pause changes
+    a = aug.change_speaker(tone, RATE, np.random.default_rng(5), p=1.0)
+    b = aug.change_speaker(tone, RATE, np.random.default_rng(5), p=1.0)
+    eq = aug.change_speaker(tone, RATE, np.random.default_rng(5), ("eq",), p=1.0)
+    assert a.tobytes() == b.tobytes() and not np.allclose(eq, tone, atol=1e-3)
+    assert aug.change_speaker(tone, RATE, np.random.default_rng(5), (), p=1.0).tobytes() == tone.tobytes()
+
+
+@pytest.fixture(scope="module")
+def english(tmp_path_factory):
+    for engine in ("festival", "flite"):
+        _need(engine)
+    root = tmp_path_factory.mktemp("english")
+    spec = CorpusSpec(**ENGLISH, engines=["espeak", "festival"], heldout_engine="flite",
+                      speaker_augment=list(aug.SPEAKER_TRANSFORMS))
+    runs = {name: synthesize_corpus(root / name, size="tiny", seed=5, threads=threads, log=_quiet, spec=spec)
+            for name, threads in (("a", 2), ("b", 1))}
+    return root, spec, runs
+
+
+def test_english_corpus_records_engines_and_keeps_speakers_apart(english):
+    root, spec, runs = english
+    out = root / "a"
+    assert (out / "dict" / "words.txt").read_text() == "<FILLER> -1\n<HEY_KWS> 0\n"
+    speakers = {}
+    for split in SPLITS + (HELDOUT_SPLIT,):
+        text = read_kaldi_map(out / split / "text")
+        said = read_kaldi_map(out / split / "utt2voice")
+        assert list(said) == list(text) and "<HEY_KWS>" in text.values()
+        for key, value in said.items():
+            engine, voice = value.split()
+            if voice == "mixed":
+                continue
+            speaker = voice.partition("+")[2] if engine == "espeak" else engines.voices(engine)[voice]
+            speakers.setdefault(split, set()).add((engine, speaker))
+        engines_heard = {value.split()[0] for value in said.values()}
+        assert engines_heard == ({"flite"} if split == HELDOUT_SPLIT else engines_heard & {"espeak", "festival"})
+    assert {e for e, _ in speakers["train"]} == {"espeak", "festival"}
+    names = {split: {s for _, s in pairs} for split, pairs in speakers.items()}
+    for a in names:
+        for b in names:
+            assert a == b or not names[a] & names[b], (a, b, names[a] & names[b])
+    assert "kal" not in names[HELDOUT_SPLIT] and "slt" not in names[HELDOUT_SPLIT]  # Festival trained on them
+    info = json.loads((out / "synth_info.json").read_text())
+    assert info["heldout_engine"] == "flite" and info["splits"][HELDOUT_SPLIT]["filler_hours"] > 0
+
+
+def test_english_corpus_reruns_byte_identical(english):
+    root, _, _ = english
+    files = {p.relative_to(root / "a").as_posix(): p.read_bytes()
+             for p in sorted((root / "a").rglob("*")) if p.is_file() and p.name not in ("wav.scp", "synth_info.json")}
+    again = {name: (root / "b" / name).read_bytes() for name in files}
+    assert len(files) > 40 and files == again
+
+
+def test_heldout_split_says_only_what_its_engine_can(english):
+    _, spec, _ = english
+    plan, voices = plan_corpus("tiny", 5, spec=spec)
+    assert set(voices[HELDOUT_SPLIT]) == {"flite"}
+    for item in plan[HELDOUT_SPLIT]:
+        assert item["kind"] != "other"
+        for request in item["requests"]:
+            assert request["engine"] == "flite" and "[[" not in request["text"]
+
+
+def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
+    """Dry runs: the English config plans test_engine's scoring and DET beside test's; a config that asks
+    for an engine that is not installed stops at start with one line naming the engine and its package."""
+    import subprocess
+    import sys
+
+    from workflow_utils import REPO, make_workdir, snakemake
+
+    _need("flite")
+    _need("festival")
+    root = make_workdir(tmp_path / "w")
+    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / "hey_kws.yaml"), timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for job in ("score_test_engine", "compute_det_test_engine", "plot_det_test_engine"):
+        assert re.search(rf"^{job}\s+[12]$", run.stdout, re.M), job
+    assert "results/hey_kws/ds_tcn_small/test_engine/metrics.json" in run.stdout
+    # a PATH without flite and festival: the one-line error names the engine and its package
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "sh", "which", "git"):
+        if shutil.which(tool):
+            (tools / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": f"{Path(sys.executable).parent}:{tools}", "HOME": str(tmp_path)}
+    bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile",
+                          str(root / "workflow" / "Snakefile"), "--directory", str(root), "--configfile",
+                          str(REPO / "config" / "hey_kws.yaml")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode != 0
+    assert "error: corpus.engines: engine festival is not installed (Debian: apt-get install festival" in bad.stderr
