@@ -51,7 +51,7 @@ def test_every_rule_declares_the_imports_of_every_script_it_runs():
     hand-written list of modules."""
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         text = smk.read_text()
-        for rule in re.split(r"\n(?=\s*rule )", text):
+        for rule in re.split(r"\n(?=\s*rule[ :])", text):
             scripts = re.findall(r'script\("([a-z_]+\.py)"\)', rule)
             if not scripts:
                 continue

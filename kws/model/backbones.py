@@ -56,6 +56,26 @@ class DsCnnBlock(CnnBlock):
         )
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous. The gradient that comes back through the
+    [B, C, T] -> [B, T, C] transpose at a backbone's output is a strided view; every ReLU, BatchNorm and
+    convolution backward of the blocks then runs on it ~10x slower than on a contiguous tensor (measured:
+    ReLU backward 1.8 ms against 0.16 ms on [16, 64, 320]); one copy here saves them all."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+@torch.jit.unused
+def _contiguous_grad(x):
+    return _ContiguousGrad.apply(x)
+
+
 class TCN(nn.Module):
     """Residual causal dilated conv blocks, dilation 1, 2, 4, ... (`ds: true` for depthwise-separable)."""
 
@@ -80,6 +100,8 @@ class TCN(nn.Module):
             x, c = block(x, cache[:, :, offset:offset + block.context])
             new_caches.append(c)
             offset += block.context
+        if self.training and x.requires_grad and not torch.jit.is_scripting():
+            x = _contiguous_grad(x)
         return x.transpose(1, 2), torch.cat(new_caches, dim=2)
 
 
@@ -152,6 +174,8 @@ class MDTC(nn.Module):
             new_caches.append(c_out)
             if i > 0 and i % self.stack_size == 0:      # the last block of a stack
                 total = total + x
+        if self.training and total.requires_grad and not torch.jit.is_scripting():
+            total = _contiguous_grad(total)
         return total.transpose(1, 2), torch.cat(new_caches, dim=2)
 
 

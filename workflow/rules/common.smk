@@ -274,7 +274,9 @@ def synth_args():
 
 def eval_dir(split, for_expand=False):
     """Where an evaluated split's scores, metrics and DET go: test as always, others in a subfolder."""
-    parts = [OUT, "{{exp}}" if for_expand else "{exp}"] + ([] if split == "test" else [split])
+    parts = [OUT, "{{exp}}" if for_expand else "{exp}"] + (
+        [] if split == "test" else [split]
+    )
     return os.path.join(*parts)
 
 
