@@ -231,7 +231,10 @@ class Featurizer:
         if self.dither > 0:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(int(_rng(*entropy, _STREAM_DITHER).integers(2**62)))
-        feats, frames = batch_fbank(samples, lengths.to(self.device), self.fbank_conf, self.dither, generator)
+        if self.device.type == "cpu":
+            feats, frames = self._one_by_one(samples, lengths, generator)
+        else:  # one batched call: what a GPU is fast at
+            feats, frames = batch_fbank(samples, lengths.to(self.device), self.fbank_conf, self.dither, generator)
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
@@ -241,6 +244,16 @@ class Featurizer:
         if extra:
             feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))
         return keys, feats, frames, targets.to(self.device, non_blocking=True)
+
+    def _one_by_one(self, samples, lengths, generator):
+        """batch_fbank of each utterance on its own valid samples: on a CPU the padding (2x the real
+        frames on the default corpus) would cost as much fbank and dither as the speech."""
+        frames = num_frames(lengths, self.fbank_conf)
+        feats = torch.zeros(samples.shape[0], int(frames.max()), int(self.fbank_conf["num_mel_bins"]))
+        for row, length in enumerate(lengths.tolist()):
+            one, _ = batch_fbank(samples[row:row + 1, :length], [length], self.fbank_conf, self.dither, generator)
+            feats[row, :one.shape[1]] = one[0]
+        return feats, frames
 
     def batches(self, dataset, epoch):
         """The dataset's batches of `epoch`, featurised."""
