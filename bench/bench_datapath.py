@@ -7,7 +7,8 @@
 
 Reads the default run's corpus (results/data/synthetic, from `snakemake`); prints a table row per side
 with train utt/s (train_log.tsv's utts_per_s: training utterances over the epoch's seconds, CV
-included) and the peak resident memory of the whole process tree (ranks and their workers), sampled.
+included), the CPU seconds of the whole run (every process, start-up included: less sensitive than wall
+time to other work on the machine) and the peak resident memory of the process tree, sampled.
 """
 
 import argparse
@@ -23,16 +24,25 @@ import time
 from pathlib import Path
 
 import psutil
+import resource
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "results" / "data" / "synthetic"
 CMVN = ROOT / "results" / "cmvn" / "fbank40_25ms_10ms" / "global_cmvn"
 
 
-def subset(src, dst, count):
-    lines = Path(src).read_text().splitlines(keepends=True)
-    step = max(1, len(lines) // count)
-    Path(dst).write_text("".join(lines[::step][:count]))
+def subset(src, dst, count, int_labels=False):
+    """Every n-th line of a data.list, `count` of them; `int_labels`: txt as the keyword id, the list
+    format of kwsflow before 2026-12-01 (older revisions read nothing else)."""
+    lines = Path(src).read_text().splitlines()[:: max(1, len(Path(src).read_text().splitlines()) // count)][:count]
+    ids = dict(line.split() for line in (DATA / "dict" / "words.txt").read_text().splitlines() if line.strip())
+    items = [json.loads(line) for line in lines]
+    for item in items:  # each side runs in its own checkout: wav paths made absolute
+        item["wav"] = str(ROOT / item["wav"])
+        if int_labels:
+            item["txt"] = int(ids[item["txt"]])
+    lines = [json.dumps(item) for item in items]
+    Path(dst).write_text("".join(line + "\n" for line in lines))
     return dst
 
 
@@ -48,17 +58,18 @@ def peak_rss(proc, stop, out):
     out.append(peak)
 
 
-def epoch(code, train_list, cv_list, model_dir, extra):
+def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
     if model_dir.exists():
         shutil.rmtree(model_dir)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node",
                "2", str(code / "scripts" / "train.py"), "--config", str(ROOT / "config/models/ds_tcn_small.yaml"),
                "--train_data", str(train_list), "--cv_data", str(cv_list), "--model_dir", str(model_dir),
                "--num_keywords", "2", "--min_duration", "50", "--seed", "666", "--cmvn_file", str(CMVN),
-               "--norm_var", "--max_epoch", "1", "--threads", "2", "--gpus", "-1", "--dict",
-               str(DATA / "dict" / "words.txt"), *extra]
+               "--norm_var", "--max_epoch", "1", "--threads", "2", "--gpus", "-1",
+               *(["--dict", str(DATA / "dict" / "words.txt")] if dictionary else []), *extra]
     env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1")
-    proc = psutil.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = psutil.Popen(command, env=env, cwd=code, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop, peak = threading.Event(), []
     watcher = threading.Thread(target=peak_rss, args=(proc, stop, peak))
     watcher.start()
@@ -67,8 +78,10 @@ def epoch(code, train_list, cv_list, model_dir, extra):
     watcher.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{code}: training failed\n{output[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the whole tree, start-up too
     header, row = [line.split("\t") for line in (model_dir / "train_log.tsv").read_text().splitlines()[:2]]
-    return float(dict(zip(header, row))["utts_per_s"]), peak[0] / 2**30
+    return float(dict(zip(header, row))["utts_per_s"]), peak[0] / 2**30, cpu
 
 
 def main():
@@ -85,21 +98,23 @@ def main():
     try:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), args.ref], check=True,
                        capture_output=True)
-        train_list = subset(DATA / "train" / "data.list", tmp / "train.list", args.utterances)
-        cv_list = subset(DATA / "dev" / "data.list", tmp / "dev.list", max(1, args.utterances // 8))
+        lists = {side: [subset(DATA / split / "data.list", tmp / f"{side}.{split}.list", size, side == "ref")
+                        for split, size in (("train", args.utterances), ("dev", max(1, args.utterances // 8)))]
+                 for side in ("ref", "now")}
         results = {"ref": [], "now": []}
         for _ in range(args.runs):
-            results["ref"].append(epoch(ref, train_list, cv_list, tmp / "model_ref", args.ref_args.split()))
-            results["now"].append(epoch(ROOT, train_list, cv_list, tmp / "model_now", []))
+            results["ref"].append(epoch(ref, *lists["ref"], tmp / "model_ref", args.ref_args.split(), False))
+            results["now"].append(epoch(ROOT, *lists["now"], tmp / "model_now", []))
         summary = {side: {"utt_per_s": statistics.median(r[0] for r in runs), "runs": [r[0] for r in runs],
-                          "peak_gib": max(r[1] for r in runs)} for side, runs in results.items()}
+                          "peak_gib": max(r[1] for r in runs), "cpu_s": statistics.median(r[2] for r in runs)}
+                   for side, runs in results.items()}
         ratio = summary["now"]["utt_per_s"] / summary["ref"]["utt_per_s"]
-        print(f"| side | train utt/s (median of {args.runs}) | runs | peak RSS of the tree |")
-        print("|---|---|---|---|")
+        print(f"| side | train utt/s (median of {args.runs}) | runs | CPU s of the whole run | peak RSS of the tree |")
+        print("|---|---|---|---|---|")
         for side, label in (("ref", f"{args.ref} {args.ref_args}"), ("now", "working tree")):
             s = summary[side]
             print(f"| {label} | {s['utt_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in s['runs'])} | "
-                  f"{s['peak_gib']:.2f} GiB |")
+                  f"{s['cpu_s']:.0f} | {s['peak_gib']:.2f} GiB |")
         print(f"ratio now / ref: {ratio:.2f}x ({args.utterances} utterances, 2 processes x 1 thread)")
         print(json.dumps(summary))
     finally:
