@@ -83,9 +83,9 @@ def free_subnet():
 
 
 class Cluster:
-    # Declared, not real (config_overrides): room for two of the profile's 2-GPU job shapes at once (8 CPUs and
-    # 16 GB per GPU).
-    def __init__(self, root, nodes=2, cpus=32, mem_mb=64000, gpus_per_node=2, partition="kws"):
+    # Declared, not real (config_overrides): room for a CPU training beside two of the profile's 2-GPU job
+    # shapes (8 CPUs and 16 GB per GPU) on one node.
+    def __init__(self, root, nodes=2, cpus=40, mem_mb=80000, gpus_per_node=4, partition="kws"):
         self.root = Path(root).resolve()
         self.node_names = [f"kwsn{i + 1}" for i in range(nodes)]
         self.cpus, self.mem_mb, self.gpus, self.partition = cpus, mem_mb, gpus_per_node, partition
