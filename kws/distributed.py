@@ -347,7 +347,9 @@ def choose_device(gpus, local_rank, local_world):
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)  # before CUDA initialises
     if not torch.cuda.is_available():
         if ids:
-            raise KwsError(f"--gpus {spec}: no CUDA device is available (use --gpus -1 for CPU)")
+            raise KwsError(f"--gpus {spec}: CUDA cannot use any device here (torch.cuda.is_available() is False, "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): a GPU "
+                           f"training stops rather than train on the CPU (gpus: 0 / --gpus -1 trains on the CPU)")
         return torch.device("cpu")
     if local_rank >= torch.cuda.device_count():
         raise KwsError(f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible "

@@ -5,6 +5,9 @@ CUDA_VISIBLE_DEVICES). This module takes N free ids from the visible set by lock
 `<lock_dir>/gpu<id>.lock` with `fcntl.flock(LOCK_EX | LOCK_NB)`. A flock belongs to the open file, so
 the kernel drops it when the holder exits for any reason (crash, SIGKILL, OOM kill): no stale locks.
 
+Locks are taken in `<lock dir>/<host>` (`<host>-slurm<job id>` inside a SLURM job, see lock_scope): only
+jobs that can share a device compete.
+
 As a wrapper command it holds the locks for the life of the child and exports CUDA_VISIBLE_DEVICES:
 
     python -m kws.gpu --gpus 2 --lock-dir results/.gpu-locks -- torchrun --standalone ... scripts/train.py
@@ -88,8 +91,21 @@ def _try_lock(path):
     return fd
 
 
+def lock_scope(environ=None):
+    """The folder under the lock dir whose locks this process competes for: the jobs that share devices.
+
+    Those are the jobs on this host (the lock dir may sit on a filesystem that other machines share), and
+    inside a SLURM job only the jobs of that allocation: SLURM assigns each job its own devices, and
+    numbers them from 0 on every node, so the locks of another job or node must not be waited for.
+    """
+    environ = os.environ if environ is None else environ
+    host = socket.gethostname().split(".")[0]
+    job = environ.get("SLURM_JOB_ID")
+    return f"{host}-slurm{job}" if job else host
+
+
 def _lock_dir(lock_dir):
-    path = Path(lock_dir or os.environ.get("KWS_GPU_LOCK_DIR") or DEFAULT_LOCK_DIR)
+    path = Path(lock_dir or os.environ.get("KWS_GPU_LOCK_DIR") or DEFAULT_LOCK_DIR) / lock_scope()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

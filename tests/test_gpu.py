@@ -112,3 +112,25 @@ def test_free_ports_differ_and_are_bindable(tmp_path):
     finally:
         os.close(fd_a)
         os.close(fd_b)
+
+
+def test_jobs_of_different_slurm_allocations_do_not_wait_for_each_other(tmp_path, monkeypatch):
+    """SLURM numbers each job's GPUs from 0 on every node: a lock dir on the shared filesystem must not make
+    job B (another allocation, maybe another node) wait for job A's "GPU 0". Jobs that share one allocation
+    (a local Snakemake inside salloc) still compete for its devices."""
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    first = gpu.try_acquire(1, visible="0", lock_dir=tmp_path)
+    same_job = gpu.try_acquire(1, visible="0", lock_dir=tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    other_job = gpu.try_acquire(1, visible="0", lock_dir=tmp_path)
+    try:
+        assert first is not None and same_job is None
+        assert other_job is not None and other_job.ids == ["0"]
+    finally:
+        first.release()
+        other_job.release()
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with gpu.acquire(1, visible="0", lock_dir=tmp_path, timeout=0) as outside:
+        assert outside.ids == ["0"]
+    assert gpu.lock_scope({"SLURM_JOB_ID": "7"}).endswith("-slurm7")
+    assert gpu.lock_scope({}) == socket.gethostname().split(".")[0]

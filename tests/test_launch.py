@@ -1,12 +1,15 @@
-"""How training is launched: torchrun command lines, GPU locks, SLURM multi-node, the GPU budget."""
+"""How training is launched: torchrun command lines, GPU locks, SLURM job shapes and multi-node steps, the GPU
+budget. What SLURM and the executor plugin make of these is tested on a real cluster: tests/test_slurm.py."""
 
+import os
 import shlex
-from types import SimpleNamespace
+import subprocess
+import sys
 
 import pytest
 
 from kws.errors import KwsError
-from kws.launch import check_gpu_budget, slurm_resources, train_launcher
+from kws.launch import check_gpu_budget, gpus_argument, launch_multinode, slurm_resources, train_launcher
 
 
 def test_cpu_training_is_standalone_torchrun_with_gloo_processes():
@@ -20,38 +23,56 @@ def test_gpu_training_takes_device_locks_then_one_process_per_gpu():
     assert words[8:] == ["torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node", "2"]
 
 
-def test_multinode_training_is_one_torchrun_per_node_through_srun_with_c10d():
-    command = train_launcher(gpus=4, processes=1, nodes=3)
-    assert command.startswith("srun --overlap --nodes 3 --ntasks-per-node 1 torchrun ")
-    for part in ("--nnodes 3", "--nproc_per_node 4", "--rdzv_backend c10d", '--rdzv_id "$SLURM_JOB_ID"'):
-        assert part in command
-    assert '--rdzv_endpoint $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500' in command
-    assert "--standalone" not in command and "kws.gpu" not in command  # SLURM assigns the devices
+def test_multinode_training_is_launched_inside_the_slurm_job():
+    """The command is fixed (a Snakemake param); kws.launch decides the srun line inside the job."""
+    words = shlex.split(train_launcher(gpus=4, processes=1, nodes=3))
+    assert words == ["python", "-m", "kws.launch", "--nodes", "3", "--nproc_per_node", "4", "--gpus", "4", "--"]
+    assert shlex.split(train_launcher(gpus=0, processes=2, nodes=2))[5:7] == ["--nproc_per_node", "2"]
 
 
-def test_slurm_resources_spread_gpus_per_node():
-    assert slurm_resources(gpus=2, nodes=1) == {"gpu": 2, "nodes": 1, "slurm_extra": ""}
+def test_multinode_job_starts_one_torchrun_per_node_with_c10d_on_the_first():
+    job = {"nodes": ["n07", "n08"], "cpus": 32}
+    words = launch_multinode(2, 4, 4, ["scripts/train.py", "--x"], environ={"SLURM_JOB_ID": "77"}, job=job)
+    srun, torchrun = words[: words.index("torchrun")], words[words.index("torchrun"):]
+    assert srun[:7] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1"]
+    assert "--cpus-per-task" in srun and srun[srun.index("--cpus-per-task") + 1] == "16"  # the job's CPUs per node
+    assert "--gres=gpu:4" in srun  # every node's GPUs, in the step itself
+    assert torchrun[:5] == ["torchrun", "--nnodes", "2", "--nproc_per_node", "4"]
+    assert torchrun[torchrun.index("--rdzv_backend") + 1] == "c10d"
+    assert torchrun[torchrun.index("--rdzv_endpoint") + 1].startswith("n07:")
+    assert torchrun[torchrun.index("--rdzv_id") + 1] == "77"
+    assert words[-2:] == ["scripts/train.py", "--x"]
+    cpu = launch_multinode(2, 2, 0, ["t.py"], environ={"SLURM_JOB_ID": "5"}, job=job)
+    assert not any(w.startswith("--gres") for w in cpu)
+
+
+def test_multinode_job_with_fewer_nodes_stops_naming_both_numbers():
+    with pytest.raises(KwsError, match=r"asks for 2 nodes but SLURM job 9 has 1 \(n1\)"):
+        launch_multinode(2, 2, 0, ["t.py"], environ={"SLURM_JOB_ID": "9"}, job={"nodes": ["n1"], "cpus": 2})
+
+
+def test_multinode_training_outside_slurm_stops_with_what_to_do():
+    result = subprocess.run([sys.executable, "-m", "kws.launch", "--nodes", "2", "--nproc_per_node", "2", "--",
+                             "scripts/train.py"], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: a training on 2 nodes runs as a SLURM job")
+    assert "--workflow-profile workflow/profiles/slurm" in result.stderr
+
+
+def test_slurm_job_shapes():
+    assert slurm_resources(gpus=2, nodes=1) == {"gpu": 2, "nodes": 1, "mpi": None, "tasks": None,
+                                                "tasks_per_gpu": None, "gres": None, "slurm_extra": None}
     multi = slurm_resources(gpus=4, nodes=2)
-    assert multi["gpu"] == 8 and multi["nodes"] == 2
-    assert multi["slurm_extra"] == "--ntasks-per-node=1 --gpus-per-node=4"
+    # Run the rule in the batch step (mpi), one task per node, GPUs counted per node.
+    assert multi == {"gpu": None, "nodes": 2, "mpi": "srun", "tasks": 2, "tasks_per_gpu": 0, "gres": "gpu:4",
+                     "slurm_extra": "--ntasks-per-node=1"}
+    assert slurm_resources(gpus=0, nodes=2)["gres"] is None
 
 
-def test_slurm_submit_options_for_a_multinode_training_job():
-    """The sbatch line the Snakemake SLURM executor builds from the train rule's resources."""
-    submit = pytest.importorskip("snakemake_executor_plugin_slurm.submit_string")
-
-    class Resources(dict):
-        __getattr__ = dict.__getitem__
-
-    resources = Resources(slurm_resources(gpus=4, nodes=2), runtime=1440, mem_mb=16000, cpus_per_gpu=8)
-    job = SimpleNamespace(resources=resources, threads=8, is_group=lambda: False)
-    params = dict(run_uuid="id", slurm_logfile="log", comment_str="train", account="-A lab", partition="-p gpu",
-                  workdir="/work")
-    call = submit.get_submit_command(job, params)
-    for option in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=4", "--cpus-per-gpu=8", "-t 1440",
-                   "-A lab", "-p gpu"):
-        assert option in call.split() or option in call, (option, call)
-    assert "--ntasks-per-gpu" not in call  # one torchrun per node, not one task per GPU
+def test_train_script_always_gets_its_gpus():
+    assert gpus_argument(0) == "--gpus -1"
+    assert gpus_argument(2) == "--gpus 0,1"
 
 
 def test_gpu_budget_refuses_requests_above_it():

@@ -133,6 +133,19 @@ def test_default_training_command_passes_preflight_on_two_cpus(tmp_path, monkeyp
     assert report.cpus == 2 and list(report) == []
 
 
+def test_a_gpu_training_cuda_cannot_use_stops_instead_of_training_on_the_cpu(tmp_path, monkeypatch):
+    """`gpus: 1` where CUDA cannot use the device (here a fake id, 99, that no CUDA device has) stops with
+    the reason; it used to train on the CPU with gloo and report success."""
+    root = make_workdir(tmp_path, with_changes(**{"experiments/tiny/gpus": 1}))
+    monkeypatch.setenv("KWS_VISIBLE_GPUS", "99")  # what kws.gpu may choose from (tests/test_gpu.py)
+    result = snakemake(root, "--resources", "gpu=1", "--config", "smoke=True", "smoke_utterances=8")
+    assert result.returncode != 0
+    log = (root / "results" / "smoke" / "logs" / "train.tiny.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=99" in log
+    assert "error: --gpus 0: CUDA cannot use any device here" in log
+    assert "training finished" not in log and not (root / "results" / "smoke" / "tiny" / "model" / "final.yaml").exists()
+
+
 def test_lint_and_format_are_clean():
     lint = subprocess.run(
         [sys.executable, "-m", "snakemake", "--lint", "--cores", "1"], cwd=REPO, capture_output=True, text=True

@@ -11,10 +11,12 @@ from kws.errors import KwsError
 from kws.features import fbank_settings
 from kws.launch import (
     check_gpu_budget,
+    gpus_argument,
     import_kws_from,
     slurm_resources,
     train_launcher,
 )
+from kws.launch import train_mem_mb as kws_train_mem_mb
 from kws.sourcecode import imported_files
 from kws.synth.corpus import CorpusSpec
 from kws.synth.phrases import keyword_names as phrase_keywords
@@ -138,12 +140,23 @@ def cmvn_file(exp):
 
 def train_gpus(exp):
     """All GPUs of a training job (every node's)."""
-    return slurm_train(exp)["gpu"]
-
-
-def slurm_train(exp):
     e = experiment(exp)
-    return slurm_resources(e["gpus"], e["nodes"])
+    return e["gpus"] * e["nodes"]
+
+
+def train_resource(name):
+    """The train rule's resource `name` that shapes its SLURM job (kws.launch.slurm_resources)."""
+
+    def value(wildcards):
+        e = experiment(wildcards.exp)
+        return slurm_resources(e["gpus"], e["nodes"])[name]
+
+    return value
+
+
+def train_mem_mb(wildcards):
+    e = experiment(wildcards.exp)
+    return kws_train_mem_mb(e["gpus"], e["processes"])
 
 
 def train_processes(exp):
@@ -209,6 +222,20 @@ envvars:
     "PATH",
 
 
+def clear_logs_of_jobs_to_run():
+    """Delete the logs of the jobs this run executes before any starts. Snakemake deletes a job's log
+    where the job runs; when a cluster job fails before its rule starts (refused by sbatch, no job
+    step), show-failed-logs would print the previous run's log as this one's. (kws.supervise keeps
+    every training attempt's log under logs/attempts/.)"""
+    for job in workflow.dag.needrun_jobs():
+        for log in job.log:
+            Path(log).unlink(missing_ok=True)
+
+
+onstart:
+    clear_logs_of_jobs_to_run()
+
+
 # Scripts and torchrun run with the Python that runs Snakemake, even when its environment is not activated,
 # and import the kws package beside this workflow: the code each rule declares is the code it runs.
 os.environ["PATH"] = (
@@ -227,6 +254,7 @@ def train_args(exp):
     t = config["train"]
     overrides = experiment(exp)["overrides"]
     args = [
+        gpus_argument(experiment(exp)["gpus"]),
         f"--num_keywords {len(keywords())}",
         f"--seed {t['seed']}",
         f"--min_duration {t['min_duration']}",

@@ -1,4 +1,5 @@
-# torchrun DDP training: GPUs through `resources: gpu=N` (with device locks), else gloo CPU processes.
+# torchrun DDP training: GPUs through `resources: gpu=N` (with device locks), else gloo CPU processes;
+# on several nodes one torchrun per node (kws.launch, SLURM).
 
 
 rule train:
@@ -21,10 +22,14 @@ rule train:
         "../../environment.yml"
     threads: lambda wildcards: max(1, train_processes(wildcards.exp))
     resources:
-        gpu=lambda wildcards: train_gpus(wildcards.exp),
-        nodes=lambda wildcards: slurm_train(wildcards.exp)["nodes"],
-        slurm_extra=lambda wildcards: slurm_train(wildcards.exp)["slurm_extra"],
-        mem_mb=lambda wildcards: 4000 * max(1, train_processes(wildcards.exp)),
+        gpu=train_resource("gpu"),
+        nodes=train_resource("nodes"),
+        mpi=train_resource("mpi"),
+        tasks=train_resource("tasks"),
+        tasks_per_gpu=train_resource("tasks_per_gpu"),
+        gres=train_resource("gres"),
+        slurm_extra=train_resource("slurm_extra"),
+        mem_mb=train_mem_mb,
         # A resource, not a param: the timeout does not change the model, so it must not retrain it.
         timeout_s=config["train"]["timeout_s"],
     params:
