@@ -260,7 +260,7 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
             pass
     elif missing is None and store is not None:
         try:  # rank 0 publishes the list when its own monitored_barrier gives up
-            store.wait([key], _timedelta(min(10.0, max(2.0, 0.2 * float(timeout_s)))))
+            store.wait([key], _timedelta(min(10.0, max(5.0, 0.2 * float(timeout_s)))))
             value = store.get(key).decode()
             missing = [int(r) for r in value.split(",") if r]
         except Exception:
