@@ -81,7 +81,9 @@ def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the whole tree, start-up too
     header, row = [line.split("\t") for line in (model_dir / "train_log.tsv").read_text().splitlines()[:2]]
-    return float(dict(zip(header, row))["utts_per_s"]), peak[0] / 2**30, cpu
+    row = dict(zip(header, row))
+    print(f"{code.name}: train_loss {row['train_loss']} cv_loss {row['cv_loss']}", file=sys.stderr)
+    return float(row["utts_per_s"]), peak[0] / 2**30, cpu
 
 
 def main():

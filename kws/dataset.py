@@ -21,10 +21,10 @@ Batching: `batch_conf.batch_type: static` (`batch_size` utterances) or `dynamic`
 of sort_size utterances by length before batching and hands their batches out in random order: far
 fewer padded frames (on the default corpus, batch 16: 2.29x the real frames without sorting, 1.11x
 with it), but where length goes with the class the batches become nearly one class each. WeKws's
-shuffle buffer (`shuffle_conf`) is accepted and not needed: the global order is already a uniform
-permutation.
+shuffle buffer (`shuffle_conf.shuffle_size`) then permutes each run of that many utterances of a rank's
+order, as kwsflow's loader did, so the batches are those of the wav-reading loader.
 
-Randomness: every random choice (global order, sort buffers, dither, SpecAugment masks) comes from
+Randomness: every random choice (global order, shuffle and sort buffers, dither, SpecAugment masks) comes from
 generators seeded by `(seed, epoch, rank, batch)`, never from global state, so an epoch's batches are
 identical whatever happened before (resume) and on CPU runs are bit-identical.
 """
@@ -35,14 +35,14 @@ import numpy as np
 import torch
 
 from kws.audio_store import AudioStore, MemoryStore
-from kws.config import (DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG,
-                        fbank_conf_of)
+from kws.config import (DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE,
+                        DEFAULT_SPEC_AUG, fbank_conf_of)
 from kws.datalist import read_data_list, require_labels
 from kws.errors import KwsError
 from kws.features import batch_fbank, num_frames
 
 # Separate streams so that changing one kind of randomness does not shift the others.
-_STREAM_ORDER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 2, 3, 4
+_STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 1, 2, 3, 4
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
@@ -128,6 +128,7 @@ class KwsDataset:
         self.labels = [item["label"] for item in self.items]
         self.filter_conf = {**DEFAULT_FILTER, **(self.conf.get("filter_conf") or {})}
         self.shuffle = bool(self.conf.get("shuffle", False))
+        self.shuffle_size = int((self.conf.get("shuffle_conf") or {}).get("shuffle_size", DEFAULT_SHUFFLE_SIZE))
         self.sort = bool(self.conf.get("sort", False))
         self.sort_size = int((self.conf.get("sort_conf") or {}).get("sort_size", DEFAULT_SORT_SIZE))
         if self.sort and self.sort_size < 1:
@@ -165,6 +166,12 @@ class KwsDataset:
         max_len, min_len = int(self.filter_conf["max_length"]), int(self.filter_conf["min_length"])
         order = [i for i in shard_order(len(self.items), self.seed, self.epoch, self.shuffle, rank, self.world_size)
                  if max(min_len, 1) <= self.frames[i] <= max_len]
+        if self.shuffle and self.shuffle_size > 1:
+            # WeKws's shuffle buffer, drawn as kwsflow's loader drew it (worker 0 of 1): the same batches
+            # in the same order as before the audio store.
+            rng = _rng(self.seed, self.epoch, rank, 0, _STREAM_BUFFER)
+            order = [buffer[j] for start in range(0, len(order), self.shuffle_size)
+                     for buffer in [order[start:start + self.shuffle_size]] for j in rng.permutation(len(buffer))]
         if not self.sort:
             return self._batched(order)
         rng = _rng(self.seed, self.epoch, rank, _STREAM_SORT)

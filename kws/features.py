@@ -11,9 +11,16 @@ def fbank_settings(fbank_conf):
 
 
 def frame_geometry(fbank_conf, sample_rate=16000):
-    """(window, shift) in samples."""
+    """(frame_length, frame_shift) in samples, rounded as Kaldi/torchaudio round them."""
+    from kws.errors import KwsError
+
     conf = fbank_settings(fbank_conf)
-    return int(sample_rate * float(conf["frame_length"]) / 1000), int(sample_rate * float(conf["frame_shift"]) / 1000)
+    length = int(sample_rate * float(conf["frame_length"]) * 0.001)
+    shift = int(sample_rate * float(conf["frame_shift"]) * 0.001)
+    if length < 1 or shift < 1:
+        raise KwsError(f"fbank: frame_length {conf['frame_length']} ms / frame_shift {conf['frame_shift']} ms "
+                       f"are too short at {sample_rate} Hz")
+    return length, shift
 
 
 def num_frames(num_samples, fbank_conf, sample_rate=16000):

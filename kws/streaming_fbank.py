@@ -15,27 +15,9 @@ of order 10: the batched FFT/matmul rounds differently for different frame count
 import numpy as np
 import torch
 
-from kws.errors import KwsError
-from kws.features import compute_fbank, fbank_settings
+from kws.features import compute_fbank, fbank_settings, frame_geometry
 
 SAMPLE_RATE = 16000
-
-
-def frame_geometry(fbank_conf, sample_rate=SAMPLE_RATE):
-    """(frame_length, frame_shift) in samples, rounded as Kaldi/torchaudio round them."""
-    conf = fbank_settings(fbank_conf)
-    length = int(sample_rate * float(conf["frame_length"]) * 0.001)
-    shift = int(sample_rate * float(conf["frame_shift"]) * 0.001)
-    if length < 1 or shift < 1:
-        raise KwsError(f"fbank: frame_length {conf['frame_length']} ms / frame_shift {conf['frame_shift']} ms "
-                       f"are too short at {sample_rate} Hz")
-    return length, shift
-
-
-def num_frames(num_samples, fbank_conf, sample_rate=SAMPLE_RATE):
-    """Frames `compute_fbank` gives for `num_samples` samples (snip_edges=True)."""
-    length, shift = frame_geometry(fbank_conf, sample_rate)
-    return 0 if num_samples < length else 1 + (num_samples - length) // shift
 
 
 class StreamingFbank:
