@@ -239,15 +239,20 @@ def test_a_changed_setting_reruns_exactly_its_stage_onward(completed_run, change
     ],
 )
 def test_an_edited_script_reruns_its_stage_onward(completed_run, script, expected):
-    path = completed_run / script
+    planned = planned_after_an_edit(completed_run, script)
+    planned.pop("all", None)
+    assert set(planned) == expected
+
+
+def planned_after_an_edit(root, relative):
+    """The jobs a dry run plans with a comment appended to `relative` (then restored)."""
+    path = root / relative
     original = path.read_text()
     path.write_text(original + "\n# edited\n")
     try:
-        planned = planned_jobs(snakemake(completed_run, "-n"))
+        return planned_jobs(snakemake(root, "-n"))
     finally:
         path.write_text(original)
-    planned.pop("all", None)
-    assert set(planned) == expected
 
 
 @pytest.mark.slow
@@ -292,13 +297,7 @@ def test_report_gathers_plots_metrics_and_configs(completed_run):
 
 @pytest.mark.slow
 def test_an_edited_config_module_reruns_training_and_the_stages_that_import_it(completed_run):
-    path = completed_run / "kws" / "config.py"
-    original = path.read_text()
-    path.write_text(original + "\n# edited\n")
-    try:
-        planned = planned_jobs(snakemake(completed_run, "-n"))
-    finally:
-        path.write_text(original)
+    planned = planned_after_an_edit(completed_run, "kws/config.py")
     assert {"resolve_config", "train", "average_model", "score", "export_model"} <= set(planned)
 
 
