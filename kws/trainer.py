@@ -210,7 +210,6 @@ class TrainState:
     rank: int = 0
     step: int = 0
     writer: object = None
-    norms: list = field(default_factory=list)
 
 
 def optimizer_step(model, optimizer, grad_clip):
