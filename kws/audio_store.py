@@ -203,11 +203,12 @@ def open_or_build(path, data_list, items, build=False, is_builder=True, wait=lam
     """The AudioStore at `path` for `data_list`. With `build`, the builder (rank 0) first packs it when it
     is missing or stale, and every caller then waits (`wait`: a barrier) before opening it."""
     path = Path(path)
+    store = None
     if build and is_builder:
         try:
-            AudioStore(path, data_list=data_list, items=items)
+            store = AudioStore(path, data_list=data_list, items=items)
         except KwsError:
             build_store(data_list, path, threads=threads, items=items)
     if build:
         wait()
-    return AudioStore(path, data_list=data_list, items=items)
+    return store or AudioStore(path, data_list=data_list, items=items)

@@ -100,6 +100,6 @@ def compute_fbank(samples, fbank_conf, dither=None, generator=None):
     conf = fbank_settings(fbank_conf)
     waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1)
     amount = conf["dither"] if dither is None else dither
-    feats, _ = batch_fbank(waveform, [waveform.shape[1]], conf, dither=amount if generator is not None else 0.0,
+    feats, _ = batch_fbank(waveform, [waveform.shape[1]], conf, dither=amount,
                            generator=generator)
     return feats[0]
