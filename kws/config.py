@@ -225,6 +225,27 @@ def experiment_record(model_config, experiment, pipeline):
     return record
 
 
+def experiment_runs(experiments, default_seed):
+    """Each training run of a config: {run name: (experiment, seed)}, sorted by name.
+
+    An experiment trains once per seed of its `seeds` (default: [train.seed]). The run of train.seed
+    keeps the experiment's name (and its results folder, so listing more seeds retrains nothing); every
+    other seed's run is `<experiment>-seed<N>`.
+    """
+    runs = {}
+    for name in sorted(experiments):
+        seeds = experiments[name].get("seeds") or [default_seed]
+        if len(set(seeds)) != len(seeds):
+            raise KwsError(f"config: experiments.{name}.seeds: a seed is listed twice ({seeds})")
+        for seed in seeds:
+            run = name if seed == default_seed else f"{name}-seed{seed}"
+            if run in runs:
+                raise KwsError(f"config: experiments.{name}.seeds: the run of seed {seed} would be named {run}, "
+                               f"which is an experiment's name too; rename one")
+            runs[run] = (name, seed)
+    return dict(sorted(runs.items()))
+
+
 def dump_yaml(data):
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 

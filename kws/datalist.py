@@ -15,7 +15,9 @@ from kws.errors import KwsError
 
 FILLER = -1
 REQUIRED_FIELDS = ("key", "txt", "duration", "wav")
-EXTRA_FIELDS = ("engine", "voice")  # who spoke a synthetic utterance; WeKws ignores fields it does not read
+# who spoke a synthetic utterance and what it is (keyword, partial, near_miss, speech, ...; see
+# kws.synth.phrases.UTTERANCE_KINDS); WeKws ignores fields it does not read
+EXTRA_FIELDS = ("engine", "voice", "kind")
 
 
 def read_text(path, what="file"):
@@ -182,7 +184,7 @@ def require_labels(items, path):
 
 def write_data_list(path, items):
     """Write a `data.list` atomically, one JSON object per line, keys in WeKws order (`label` not written),
-    then engine and voice where an item has them."""
+    then engine, voice and kind where an item has them."""
     from kws.fileio import atomic_open
 
     with atomic_open(path) as out:

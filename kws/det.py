@@ -12,7 +12,11 @@ For one keyword and each threshold t in 0.00, 0.01, ..., 0.99 (step 0.01 by defa
 
 Stats files hold `threshold fa_per_hour frr` per line (6 decimals), exactly as WeKws writes them.
 metrics.json: run settings plus `keywords`, a mapping keyword name (`hi_xiaowen`) -> summary
-(token, positives, filler hours, operating points per FA/h target, the point at threshold 0.5).
+(token, positives, filler hours, operating points per FA/h target, the point at threshold 0.5). Each
+point has the counts behind it (misses, false alarms), 95 % intervals (kws.intervals), whether the
+filler hours resolve its target, and its false alarms by kind of negative (data.list `kind`: partial,
+near_miss, speech, ...; another keyword's positives are `other_keyword`); each keyword lists its
+worst misses and top false alarms. Tables of it: kws.tables.
 
 Counting is vectorised and exact: for each threshold the greedy hold-off scan is a chain of
 "next frame at or after p that is >= t" look-ups; those look-ups are precomputed for all
@@ -28,7 +32,8 @@ stretch with zero false alarms and no rejections) the middle of that tied run is
 threshold, the one with the most margin before either error rate gets worse. When no threshold
 meets the target the operating point is null. One false
 alarm in the whole filler set is already 1 / filler_hours FA/h; a target below that can only be
-met with zero false alarms, and the metrics flag it (`zero_fa_only`).
+met with zero false alarms, and the metrics flag it (`zero_fa_only`). Zero false alarms bound the
+rate below 3.0 / filler_hours (95 %, one-sided): a lower target is not `resolved`.
 
 A keyword without positives in the test set is an error (its FRR is undefined), as is a test
 set without filler audio (FA/h undefined).
@@ -44,6 +49,7 @@ import numpy as np
 
 from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
+from kws.intervals import ZERO_EVENTS_UPPER, binomial_interval, rate_interval
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
 FA_FLOOR = 1e-6
@@ -262,18 +268,53 @@ def operating_point(curve, target):
     return point
 
 
-def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, fa_targets):
+def _point_details(point, curve, index, num_positives, hours, by_kind):
+    """Counts and 95 % intervals behind an operating point (kws.intervals), and FA/h by negative kind."""
+    misses = int(curve["false_rejects"][index])
+    alarms = int(curve["false_alarms"][index])
+    point["false_rejects"] = misses
+    point["false_alarms"] = alarms
+    point["frr_ci95"] = list(binomial_interval(misses, num_positives))
+    point["fa_per_hour_ci95"] = list(rate_interval(alarms, hours))
+    point["fa_per_hour_by_kind"] = {
+        kind: {"false_alarms": int(counts[index]), "hours": seconds / 3600.0,
+               "fa_per_hour": int(counts[index]) / (seconds / 3600.0)}
+        for kind, (counts, seconds) in by_kind.items()}
+    return point
+
+
+def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, fa_targets, by_kind=None,
+                      worst_misses=(), top_false_alarms=()):
+    """A keyword's metrics.json entry. by_kind: {negative kind: (false alarms per threshold, seconds)}.
+
+    Each operating point carries its counts (misses of the positives, false alarms in the filler hours)
+    with 95 % intervals; `resolved` says whether the filler hours can show the target at all: zero false
+    alarms bound the rate below ZERO_EVENTS_UPPER / hours (95 %, one-sided), so a lower target is not
+    resolved. `zero_fa_only`: a target below one false alarm in the filler hours (met only with zero).
+    """
     hours = filler_seconds / 3600.0
     resolution = 1.0 / hours
+    resolved_from = ZERO_EVENTS_UPPER / hours
+    by_kind = by_kind or {}
+    t = np.asarray(curve["threshold"])
     points = []
     for target in fa_targets:
         point = operating_point(curve, target)
         entry = {"fa_per_hour_target": float(target)}
-        entry.update(point or {"threshold": None, "frr": None, "fa_per_hour": None, "false_alarms": None})
+        if point is None:
+            entry.update({"threshold": None, "frr": None, "fa_per_hour": None, "false_alarms": None,
+                          "false_rejects": None, "frr_ci95": None, "fa_per_hour_ci95": None,
+                          "fa_per_hour_by_kind": None})
+        else:
+            entry.update(point)
+            _point_details(entry, curve, int(np.argmin(np.abs(t - point["threshold"]))), num_positives, hours,
+                           by_kind)
         entry["zero_fa_only"] = bool(target < resolution)
+        entry["resolved"] = bool(target >= resolved_from * (1 - 1e-9))
         points.append(entry)
-    t = np.asarray(curve["threshold"])
     half = int(np.argmin(np.abs(t - 0.5)))
+    at_half = {"threshold": float(t[half]), "frr": float(curve["frr"][half]),
+               "fa_per_hour": float(curve["fa_per_hour"][half])}
     return {
         "token": token,
         "name": keyword_slug(token),
@@ -282,22 +323,36 @@ def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, 
         "num_filler_utterances": int(num_fillers),
         "filler_hours": hours,
         "fa_per_hour_resolution": resolution,
+        "fa_per_hour_resolved_from": resolved_from,
+        "filler_hours_by_kind": {kind: seconds / 3600.0 for kind, (_, seconds) in by_kind.items()},
         "operating_points": points,
-        "at_threshold_0.5": {
-            "threshold": float(t[half]),
-            "frr": float(curve["frr"][half]),
-            "fa_per_hour": float(curve["fa_per_hour"][half]),
-            "false_alarms": int(curve["false_alarms"][half]),
-        },
+        "at_threshold_0.5": _point_details(at_half, curve, half, num_positives, hours, by_kind),
+        "worst_misses": list(worst_misses),
+        "top_false_alarms": list(top_false_alarms),
     }
 
 
+def negative_kind(item, index):
+    """What a negative of keyword `index` is: `other_keyword` for another keyword's positive, else the
+    data.list `kind` (the synthetic corpus's partial, near_miss, speech, ...), else `filler`."""
+    if item["label"] is not None and item["label"] >= 0 and item["label"] != index:
+        return "other_keyword"
+    return item.get("kind") or "filler"
+
+
+def _described(item, score, kind):
+    return {"key": item["key"], "kind": kind, "engine": item.get("engine", ""), "voice": item.get("voice", ""),
+            "max_score": round(score, 6), "duration": item["duration"]}
+
+
 def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, window_shift=50,
-                fa_targets=DEFAULT_FA_TARGETS, experiment=None, stats_dir=None):
+                fa_targets=DEFAULT_FA_TARGETS, experiment=None, stats_dir=None, num_listed=10):
     """Write metrics.{json,tsv,md} into `out_dir` and stats.<kw>.txt per keyword into `stats_dir`
     (default `<out_dir>/det`); return the metrics. `stats_file` in the metrics is relative to `out_dir`.
+    num_listed: how many worst misses and top false alarms each keyword lists.
     """
     from kws.fileio import atomic_open, ensure_dir
+    from kws.tables import metrics_markdown, metrics_tsv
 
     if window_shift < 1:
         raise KwsError(f"window_shift must be >= 1 frame, got {window_shift}")
@@ -328,7 +383,7 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
         extra = [key for key in table if key not in known]
         if extra:
             raise KwsError(f"{score_path}: utterance {extra[0]!r} ({token}) is not in {data_list_path}")
-        positives = [table[item["key"]] for item in items if item["label"] == index]
+        positives = [item for item in items if item["label"] == index]
         fillers = [item for item in items if item["label"] != index]
         if not positives:
             raise KwsError(
@@ -338,10 +393,23 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
         filler_seconds = float(sum(item["duration"] for item in fillers))
         if filler_seconds <= 0:
             raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
-        curve = det_curve(positives, [table[item["key"]] for item in fillers], filler_seconds,
-                          thresholds, window_shift)
+        curve = det_curve([table[item["key"]] for item in positives], [table[item["key"]] for item in fillers],
+                          filler_seconds, thresholds, window_shift)
         curves.append((token, curve))
-        summary = summarize_keyword(token, curve, len(positives), len(fillers), filler_seconds, fa_targets)
+        kinds = [negative_kind(item, index) for item in fillers]
+        by_kind = {}
+        for kind in sorted(set(kinds)):
+            mine = [item for item, k in zip(fillers, kinds) if k == kind]
+            by_kind[kind] = (count_false_alarms_many([table[item["key"]] for item in mine], thresholds,
+                                                     window_shift),
+                             float(sum(item["duration"] for item in mine)))
+        peak = {item["key"]: float(np.max(table[item["key"]])) for item in items}
+        worst = sorted(positives, key=lambda item: (peak[item["key"]], item["key"]))[:num_listed]
+        loudest = sorted(zip(fillers, kinds), key=lambda pair: (-peak[pair[0]["key"]], pair[0]["key"]))
+        summary = summarize_keyword(
+            token, curve, len(positives), len(fillers), filler_seconds, fa_targets, by_kind,
+            worst_misses=[_described(item, peak[item["key"]], "keyword") for item in worst],
+            top_false_alarms=[_described(item, peak[item["key"]], kind) for item, kind in loudest[:num_listed]])
         summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
         if summary["name"] in keywords:
             raise KwsError(f"{dict_path}: keywords {keywords[summary['name']]['token']} and {token} "
@@ -371,122 +439,27 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     return metrics
 
 
-# --------------------------------------------------------------------------- tables
-
-TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "threshold", "fa_per_hour",
-               "false_alarms", "zero_fa_only", "num_positives", "filler_hours")
-
-
-def _num(value, digits=6):
-    return "" if value is None else f"{value:.{digits}f}"
-
-
-def _tsv_rows(metrics, experiment=None):
-    name = experiment if experiment is not None else (metrics.get("experiment") or "")
-    for kw in keyword_entries(metrics):
-        for point in kw["operating_points"]:
-            yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
-                   _num(point["threshold"], 2), _num(point["fa_per_hour"]),
-                   "" if point.get("false_alarms") is None else str(point["false_alarms"]),
-                   str(point["zero_fa_only"]).lower(),
-                   str(kw["num_positives"]), f"{kw['filler_hours']:.4f}"]
-
-
-def metrics_tsv(metrics):
-    """Long-format TSV: one row per keyword and FA/h target."""
-    lines = ["\t".join(TSV_COLUMNS)]
-    lines += ["\t".join(row) for row in _tsv_rows(metrics)]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(point):
-    if point["frr"] is None:
-        return "n/a"
-    mark = "\\*" if point["zero_fa_only"] else ""
-    return f"{100 * point['frr']:.2f}% (t={point['threshold']:.2f}){mark}"
-
-
-def _targets_header(targets):
-    return [f"FRR @ {t:g} FA/h" for t in targets]
-
-
-def metrics_markdown(metrics, title=None):
-    """A Markdown table: one row per keyword, FRR (and threshold) at each FA/h target."""
-    targets = metrics["fa_targets"]
-    heading = title or (f"Metrics: {metrics['experiment']}" if metrics.get("experiment") else "Metrics")
-    header = ["Keyword", "Positives", "Filler hours"] + _targets_header(targets) + ["FRR @ t=0.5", "FA/h @ t=0.5"]
-    lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    flagged = False
-    for kw in keyword_entries(metrics):
-        cells = [kw["token"], str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
-        cells += [_cell(p) for p in kw["operating_points"]]
-        flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
-        half = kw["at_threshold_0.5"]
-        fa_half = 0.0 if half.get("false_alarms") == 0 else half["fa_per_hour"]
-        cells += [f"{100 * half['frr']:.2f}%", f"{fa_half:.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; "
-                 "t = operating threshold (lowest FRR with FA/h at or below the target, then lowest FA/h; "
-                 "ties: the middle of the tied thresholds). "
-                 "n/a: no threshold meets the target.")
-    if flagged:
-        lines.append("")
-        lines.append("\\* target below 1 false alarm per filler-hours of test audio: this FRR is the FRR at "
-                     "zero false alarms; the test set has too few filler hours to resolve the target.")
-    return "\n".join(lines) + "\n"
-
-
 def keyword_entries(metrics):
     """The per-keyword summaries of a metrics dict, in dictionary order (`keywords` maps name -> entry)."""
     node = metrics["keywords"]
     return list(node.values()) if isinstance(node, dict) else list(node)
 
 
-def _load_metrics(path):
+def load_metrics(path):
+    """A kwsflow metrics.json; a one-line KwsError naming the file when missing or malformed."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except FileNotFoundError:
         raise KwsError(f"{path}: metrics file not found") from None
+    except UnicodeDecodeError as err:
+        raise KwsError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise KwsError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
-    if not isinstance(data, dict) or "keywords" not in data or "fa_targets" not in data:
-        raise KwsError(f"{path}: not a kwsflow metrics.json")
+    if not isinstance(data, dict) or not isinstance(data.get("keywords"), (dict, list)) or "fa_targets" not in data:
+        raise KwsError(f"{path}: not a kwsflow metrics.json (no `keywords` and `fa_targets`)")
+    for entry in keyword_entries(data):
+        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str) \
+                or not isinstance(entry.get("operating_points"), list):
+            raise KwsError(f"{path}: a keyword entry without `token` and `operating_points`: {str(entry)[:80]}")
     return data
-
-
-def compare_metrics(named):
-    """Compare experiments: `named` is a list of (name, metrics.json path or dict) -> (markdown, tsv).
-
-    The Markdown table has one row per keyword and experiment; FA/h targets are the union over
-    experiments (a target an experiment was not evaluated at shows `-`).
-    """
-    loaded = [(name, m if isinstance(m, dict) else _load_metrics(m)) for name, m in named]
-    if not loaded:
-        raise KwsError("no experiments to compare")
-    targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
-    header = ["Keyword", "Experiment", "Positives", "Filler hours"] + _targets_header(targets)
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    tsv = ["\t".join(TSV_COLUMNS)]
-    tokens = []
-    for _, m in loaded:
-        for kw in keyword_entries(m):
-            if kw["token"] not in tokens:
-                tokens.append(kw["token"])
-    flagged = False
-    for token in tokens:
-        for name, m in loaded:
-            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
-            if kw is None:
-                continue
-            by_target = {float(p["fa_per_hour_target"]): p for p in kw["operating_points"]}
-            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
-            cells += [_cell(by_target[t]) if t in by_target else "-" for t in targets]
-            flagged |= any(p["zero_fa_only"] for p in kw["operating_points"])
-            md.append("| " + " | ".join(cells) + " |")
-    for name, m in loaded:
-        tsv += ["\t".join(row) for row in _tsv_rows(m, experiment=str(name))]
-    if flagged:
-        md += ["", "\\* target below 1 false alarm per filler-hours of test audio (FRR at zero false alarms)."]
-    return "\n".join(md) + "\n", "\n".join(tsv) + "\n"

@@ -63,24 +63,6 @@ def slug(token):
     return keyword_slug(str(token))
 
 
-def _keyword_entries(metrics):
-    """(name, entry) pairs from the shapes metrics.json may take: a list of keyword dicts
-    (with `token`/`name`) or a mapping name -> entry, under `keywords` or at the top level."""
-    node = metrics.get("keywords", metrics) if isinstance(metrics, dict) else None
-    pairs = []
-    if isinstance(node, list):
-        for entry in node:
-            if isinstance(entry, dict):
-                for key in ("token", "name", "keyword"):
-                    if isinstance(entry.get(key), str):
-                        pairs.append((entry[key], entry))
-    elif isinstance(node, dict):
-        for name, entry in node.items():
-            if isinstance(entry, dict):
-                pairs.append((str(name), entry))
-    return pairs
-
-
 def _number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -90,39 +72,32 @@ def _number(value):
 
 def recommended_thresholds(metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD):
     """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
-    `fa_target` FA/h when there is one, else `default`. A missing or malformed file is a KwsError;
-    a keyword or operating point it lacks falls back to the default (and says so)."""
+    `fa_target` FA/h. A missing or malformed file, a keyword it lacks, or a target it was not evaluated
+    at is a KwsError; only a target no threshold meets (n/a in metrics.md) takes `default`, and says so."""
+    from kws.det import keyword_entries, load_metrics
+
     if metrics_path is None:
         return {kw: (default, "default (no metrics given)") for kw in keywords}
     path = Path(metrics_path)
-    try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise KwsError(f"{path}: metrics file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise KwsError(f"{path}: not a JSON metrics file ({err})") from None
-    entries = {}
-    for name, entry in _keyword_entries(metrics):
-        entries.setdefault(slug(name), entry)
+    entries = {slug(entry["token"]): entry for entry in keyword_entries(load_metrics(path))}
     result = {}
     for kw in keywords:
         entry = entries.get(slug(kw))
         if entry is None:
-            result[kw] = (default, f"default ({path.name} has no entry for {kw})")
+            raise KwsError(f"{path}: no entry for keyword {kw} (metrics of another test set or dictionary?)")
+        chosen = next((p for p in entry["operating_points"] if isinstance(p, dict)
+                       and _number(p.get("fa_per_hour_target")) is not None
+                       and abs(float(p["fa_per_hour_target"]) - fa_target) < 1e-9), None)
+        if chosen is None:
+            raise KwsError(f"{path}: {kw} has no operating point at {fa_target:g} FA/h (add it to det.fa_targets "
+                           f"or choose --fa-target from them)")
+        threshold = _number(chosen.get("threshold"))
+        if chosen.get("threshold") is None:
+            result[kw] = (default, f"default ({path.name}: no threshold reaches {fa_target:g} FA/h for {kw})")
             continue
-        chosen = None
-        for point in entry.get("operating_points") or []:
-            if not isinstance(point, dict):
-                continue
-            target = _number(point.get("fa_per_hour_target", point.get("target")))
-            if target is not None and abs(target - fa_target) < 1e-9:
-                chosen = point
-                break
-        threshold = _number(chosen.get("threshold")) if chosen else None
         if threshold is None or not 0.0 <= threshold <= 1.0:
-            why = "no threshold" if chosen else "no operating point"
-            result[kw] = (default, f"default ({path.name}: {why} at {fa_target:g} FA/h for {kw})")
-            continue
+            raise KwsError(f"{path}: {kw}: threshold {chosen.get('threshold')!r} at {fa_target:g} FA/h is not "
+                           f"a number in [0, 1]")
         frr = _number(chosen.get("frr"))
         fa = _number(chosen.get("fa_per_hour"))
         detail = ", ".join(x for x in (f"FRR {frr:.4f}" if frr is not None else "",
@@ -309,12 +284,12 @@ class EagerRunner:
         return posteriors.numpy(), new_cache
 
 
-def load_exported(path, threads=1):
-    """Open an exported model by suffix: `.onnx` -> onnxruntime, anything else -> TorchScript."""
+def load_exported(path, threads=1, backend=None):
+    """Open an exported model by suffix (or `backend`): `.onnx` -> onnxruntime, anything else -> TorchScript."""
     path = Path(path)
     if not path.is_file():
         raise KwsError(f"{path}: model file not found")
-    if path.suffix.lower() == ".onnx":
+    if backend == "onnx" or (backend is None and path.suffix.lower() == ".onnx"):
         return OnnxRunner(path, threads=threads)
     return TorchScriptRunner(path, threads=threads)
 
@@ -377,10 +352,12 @@ def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolera
 # --------------------------------------------------------------------------- top level
 
 def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5, opset=OPSET,
-                     extra_report=None, threads=1):
+                     extra_report=None, threads=1, deployed=None):
     """Write model.onnx, model.pt and export.json into `out_dir` after verifying both exports.
 
-    Everything is built under temporary names and renamed only when the check passes."""
+    deployed: a function of the ONNX file's path that scores the deployed detector (kws.deployed) and
+    raises KwsError when it disagrees with offline scoring; its report goes into export.json.
+    Everything is built under temporary names and renamed only when the checks pass."""
     from kws.fileio import atomic_open, atomic_path, ensure_dir
 
     out_dir = ensure_dir(out_dir)
@@ -394,6 +371,7 @@ def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, to
             if runner.meta != json.loads(json.dumps(meta)):
                 raise KwsError(f"export check failed: {runner.backend} metadata did not round-trip")
         diffs = verify_exports(EagerRunner(model, meta), runners, utterances, chunks, tolerance)
+        deployed_report = deployed(onnx_tmp) if deployed else None
         report = {
             **(extra_report or {}),
             "files": {"onnx": "model.onnx", "torchscript": "model.pt"},
@@ -408,6 +386,8 @@ def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, to
                                                            if k != "whole"}}},
             "meta": meta,
         }
+        if deployed_report is not None:
+            report["deployed"] = deployed_report
         with atomic_open(out_dir / "export.json") as handle:
             json.dump(report, handle, indent=2)
             handle.write("\n")
@@ -445,8 +425,12 @@ def verification_features(data_list, fbank_conf, num, dictionary):
 
 
 def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_utts=8,
-                 fa_target=DEFAULT_FA_TARGET, tolerance=1e-5, opset=OPSET):
-    """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report."""
+                 fa_target=DEFAULT_FA_TARGET, tolerance=1e-5, opset=OPSET, score=None, refractory=1.0,
+                 window_shift=50, chunk_ms=100, workers=1):
+    """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report.
+
+    score: the offline score.txt of test_data; given, the exported ONNX model also runs as kws-detect does
+    over the whole of test_data and must agree with it (kws.deployed)."""
     from kws.checkpoint import load_model
     from kws.datalist import keyword_names, read_dictionary
 
@@ -465,4 +449,13 @@ def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_ut
     extra = {"checkpoint": os.fspath(checkpoint), "dict": os.fspath(dict_path),
              "metrics": os.fspath(metrics) if metrics else None, "test_data": os.fspath(test_data),
              "fa_per_hour_target": fa_target}
-    return export_artifacts(model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra)
+    deployed = None
+    if score is not None:
+        from kws.deployed import evaluate_deployed
+
+        def deployed(onnx_path):
+            return evaluate_deployed(onnx_path, test_data, dict_path, score, refractory, window_shift, chunk_ms,
+                                     workers, backend="onnx")
+
+    return export_artifacts(model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra,
+                            deployed=deployed)

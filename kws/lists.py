@@ -22,15 +22,17 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     """Check a split folder; returns the data.list items in wav.scp order.
 
     Items hold key, txt (the token, as WeKws HEAD writes it), duration, wav, and label (the keyword id);
-    with a `utt2voice` beside wav.scp (the synthetic corpus: `<key> <engine> <voice>`) also engine and voice.
+    with a `utt2voice` beside wav.scp (the synthetic corpus: `<key> <engine> <voice>`) also engine and voice,
+    with a `utt2kind` (`<key> <kind>`: keyword, partial, near_miss, speech, ...) also kind.
     """
     data_dir = Path(data_dir)
     scp_path, text_path = data_dir / "wav.scp", data_dir / "text"
     dictionary = read_dictionary(dict_path)
     scp = read_numbered_map(scp_path)
     text = read_numbered_map(text_path)
-    voice_path = data_dir / "utt2voice"
+    voice_path, kind_path = data_dir / "utt2voice", data_dir / "utt2kind"
     voices = read_numbered_map(voice_path) if voice_path.is_file() else {}
+    kinds = read_numbered_map(kind_path) if kind_path.is_file() else {}
     if not scp:
         raise KwsError(f"{scp_path}: no utterances")
     for key, (number, _) in scp.items():
@@ -44,6 +46,9 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     for key, (number, value) in voices.items():
         if key not in scp or len(value.split()) != 2:
             raise KwsError(f"{voice_path}:{number}: expected `<key> <engine> <voice>` for a key of {scp_path}")
+    for key, (number, value) in kinds.items():
+        if key not in scp or len(value.split()) != 1:
+            raise KwsError(f"{kind_path}:{number}: expected `<key> <kind>` for a key of {scp_path}")
     check_keyword_positives((label for _, label in text.values()), dictionary, data_dir.name, text_path)
     for key, (number, wav) in scp.items():
         if wav.endswith("|"):
@@ -65,6 +70,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
         item = {"key": key, "txt": token, "duration": duration, "wav": wav, "label": dictionary[token]}
         if key in voices:
             item["engine"], item["voice"] = voices[key][1].split()
+        if key in kinds:
+            item["kind"] = kinds[key][1]
         items.append(item)
     return items
 

@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""Compare experiments' metrics.json side by side: a Markdown table and a long-format TSV."""
+"""Compare runs' metrics.json side by side: a Markdown table (with each experiment's median, min and max
+over its seeds), a long-format TSV and a DET plot of every run and keyword."""
 
 import argparse
 from pathlib import Path
 
-from kws.det import compare_metrics
 from kws.errors import KwsError, cli
 from kws.fileio import atomic_open
+from kws.plots import plot_det_compare
+from kws.tables import compare_metrics
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json files")
+    parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json files, one per run")
     parser.add_argument("--names", nargs="+", default=None,
-                        help="experiment names (default: the folder above each metrics.json)")
+                        help="run names (default: the folder above each metrics.json)")
+    parser.add_argument("--experiments", nargs="+", default=None,
+                        help="the experiment of each run: runs of one experiment (seeds) get a median row")
     parser.add_argument("--out-md", required=True, help="Markdown table to write")
     parser.add_argument("--out-tsv", required=True, help="TSV table to write")
+    parser.add_argument("--out-plot", default=None, help="DET comparison PNG to write")
     return parser.parse_args(argv)
 
 
@@ -25,7 +30,15 @@ def main(argv=None):
     names = args.names or [Path(p).resolve().parent.name for p in args.metrics]
     if len(names) != len(args.metrics):
         raise KwsError(f"--names: {len(names)} name(s) for {len(args.metrics)} metrics file(s)")
-    markdown, tsv = compare_metrics(list(zip(names, args.metrics)))
+    markdown, tsv = compare_metrics(list(zip(names, args.metrics)), args.experiments)
+    if args.out_plot:
+        from kws.det import keyword_entries, load_metrics
+
+        groups = []
+        for name, path in zip(names, args.metrics):
+            folder = Path(path).parent
+            groups.append((name, [folder / kw["stats_file"] for kw in keyword_entries(load_metrics(path))]))
+        plot_det_compare(groups, args.out_plot)
     with atomic_open(args.out_md) as out:
         out.write("# Experiment comparison\n\n" + markdown)
     with atomic_open(args.out_tsv) as out:

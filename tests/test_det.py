@@ -6,9 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kws.det import (compare_metrics, compute_det, count_false_alarms, count_false_alarms_many,
-                     operating_point, read_stats, thresholds_for)
+from kws.det import (compute_det, count_false_alarms, count_false_alarms_many, load_metrics, operating_point,
+                     read_stats, thresholds_for)
 from kws.errors import KwsError
+from kws.intervals import binomial_interval, poisson_interval, rate_interval
+from kws.tables import compare_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +64,8 @@ def _write_case(tmp_path):
     items = [("p1", 0, 900.0), ("p2", 0, 900.0), ("f1", -1, 900.0), ("f2", 1, 1800.0)]
     with open(tmp_path / "data.list", "w") as out:
         for key, txt, dur in items:
-            out.write(json.dumps({"key": key, "txt": txt, "duration": dur, "wav": f"{key}.wav"}) + "\n")
+            extra = {"kind": "near_miss", "voice": "v1"} if key == "f1" else {}
+            out.write(json.dumps({"key": key, "txt": txt, "duration": dur, "wav": f"{key}.wav", **extra}) + "\n")
     hi = {
         "p1": [0.1, 0.7, 0.2],
         "p2": [0.3, 0.4],
@@ -121,13 +124,58 @@ def test_hand_computed_case(tmp_path):
     assert kw["<YO>"]["num_positives"] == 1
     assert kw["<YO>"]["stats_file"] == "det/stats.yo.txt" and metrics["experiment"] == "toy"
 
+    # the counts behind each point, with 95 % intervals
+    assert points[2.0]["false_rejects"] == 1 and points[2.0]["frr_ci95"] == pytest.approx(binomial_interval(1, 2))
+    assert points[2.0]["fa_per_hour_ci95"] == pytest.approx(rate_interval(1, 0.75))
+    assert points[0.5]["fa_per_hour_ci95"][0] == 0.0
+    # 0.75 filler hours resolve targets from 3.0 / 0.75 = 4 FA/h: only 5 is resolved
+    assert hi_m["fa_per_hour_resolved_from"] == pytest.approx(-np.log(0.05) / 0.75)
+    assert [points[t]["resolved"] for t in (0.5, 1, 2, 5)] == [False, False, False, True]
+    # false alarms by kind: f1 (near_miss, 0.25 h) and f2 (<YO>'s positive, 0.5 h); at 0.65 only f2 fires
+    by_kind = points[2.0]["fa_per_hour_by_kind"]
+    assert by_kind == {"near_miss": {"false_alarms": 0, "hours": 0.25, "fa_per_hour": 0.0},
+                       "other_keyword": {"false_alarms": 1, "hours": 0.5, "fa_per_hour": 2.0}}
+    assert points[5.0]["fa_per_hour_by_kind"]["near_miss"]["false_alarms"] == 2  # t=0.20: f1 fires twice
+    assert sum(e["false_alarms"] for e in points[5.0]["fa_per_hour_by_kind"].values()) == points[5.0]["false_alarms"]
+    assert [m["key"] for m in hi_m["worst_misses"]] == ["p2", "p1"]
+    assert hi_m["top_false_alarms"][0] == {"key": "f2", "kind": "other_keyword", "engine": "", "voice": "",
+                                           "max_score": 0.9, "duration": 1800.0}
+    assert hi_m["top_false_alarms"][1]["kind"] == "near_miss" and hi_m["top_false_alarms"][1]["voice"] == "v1"
+
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk["keywords"]["hi_there"]["operating_points"][2]["threshold"] == pytest.approx(0.65)
     tsv = (out / "metrics.tsv").read_text().splitlines()
     assert tsv[0].split("\t")[:4] == ["experiment", "keyword", "fa_per_hour_target", "frr"]
     assert len(tsv) == 1 + 2 * 4
+    row = dict(zip(tsv[0].split("\t"), tsv[3].split("\t")))
+    assert (row["fa_per_hour_target"], row["false_rejects"], row["false_alarms"], row["resolved"]) == ("2", "1", "1", "false")
     md = (out / "metrics.md").read_text()
-    assert "| <HI_THERE> | 2 | 0.75 |" in md and "50.00% (t=0.65)" in md
+    assert "| <HI_THERE> | 2 FA/h | 50.00 % (1.3-98.7) \u2020 | 1 / 2 | 0.65 |" in md
+    assert "1.33 (0.03-7.43) [1 in 0.75 h]" in md and "not resolved" in md
+    assert "| near_miss | 0.250 |" in md and "| f1 | near_miss | v1 | 0.600 | 900.0 |" in md
+
+
+def test_intervals_match_published_values():
+    # Clopper-Pearson and Garwood tables (e.g. Brown, Cai & DasGupta 2001; Garwood 1936)
+    assert binomial_interval(0, 10) == pytest.approx((0.0, 0.30850), abs=1e-5)
+    assert binomial_interval(5, 20) == pytest.approx((0.08657, 0.49105), abs=1e-5)
+    assert binomial_interval(10, 10) == pytest.approx((0.69150, 1.0), abs=1e-5)
+    assert poisson_interval(0) == pytest.approx((0.0, 3.68888), abs=1e-5)
+    assert poisson_interval(1) == pytest.approx((0.02532, 5.57164), abs=1e-5)
+    assert poisson_interval(10) == pytest.approx((4.79539, 18.39036), abs=1e-5)
+    # the issue's arithmetic: zero false alarms in 3 h bound the rate below 1 FA/h (one-sided 95 %)
+    from kws.intervals import ZERO_EVENTS_UPPER
+    assert ZERO_EVENTS_UPPER / 3.0 < 1.0 < ZERO_EVENTS_UPPER / 1.01
+
+
+def test_malformed_metrics_is_an_error(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text('{"keywords": {"a": {"token": "<A>"}}, "fa_targets": [1]}')
+    with pytest.raises(KwsError, match="metrics.json: a keyword entry without"):
+        load_metrics(path)
+    path.write_text("{")
+    with pytest.raises(KwsError, match="metrics.json:1: malformed JSON"):
+        load_metrics(path)
 
 
 def test_operating_point_unreachable():
@@ -164,6 +212,16 @@ def test_compare_metrics(tmp_path):
     assert len(tsv.strip().splitlines()) == 1 + 2 * 3 + 2 * 2
     assert a["keywords"]["hi_there"]["token"] == "<HI_THERE>"
 
+    # seeds: runs of one experiment get its median [min-max]
+    c = json.loads(json.dumps(a))
+    c["keywords"]["hi_there"]["operating_points"][2]["frr"] = 0.0  # 2 FA/h
+    d = json.loads(json.dumps(a))
+    d["keywords"]["hi_there"]["operating_points"][2]["frr"] = 1.0
+    md, _ = compare_metrics([("s1", a), ("s2", c), ("s3", d), ("other", b)], ["exp", "exp", "exp", "other"])
+    row = next(line for line in md.splitlines() if line.startswith("| <HI_THERE> | **exp**"))
+    assert row.split(" | ")[-2:] == ["50.00 % [0.00-100.00]", "- |"]  # 2 FA/h; 5 FA/h not evaluated
+    assert "median [min-max] of 3" in row and "**other**" not in md
+
 
 def test_cli(tmp_path):
     _write_case(tmp_path)
@@ -175,9 +233,11 @@ def test_cli(tmp_path):
     assert (tmp_path / "cli" / "metrics.md").exists() and (tmp_path / "cli" / "det" / "stats.yo.txt").exists()
     compare = [sys.executable, str(ROOT / "scripts" / "compare_experiments.py"), "--metrics",
                str(tmp_path / "cli" / "metrics.json"), str(tmp_path / "cli" / "metrics.json"),
-               "--names", "x", "y", "--out-md", str(tmp_path / "cmp.md"), "--out-tsv", str(tmp_path / "cmp.tsv")]
+               "--names", "x", "y", "--experiments", "e", "e", "--out-md", str(tmp_path / "cmp.md"),
+               "--out-tsv", str(tmp_path / "cmp.tsv"), "--out-plot", str(tmp_path / "cmp.png")]
     proc = subprocess.run(compare, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+    assert "median [min-max] of 2" in (tmp_path / "cmp.md").read_text() and (tmp_path / "cmp.png").stat().st_size
     assert "| <YO> | y |" in (tmp_path / "cmp.md").read_text()
     proc = subprocess.run(run[:-3] + ["--fa-targets", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and proc.stderr.startswith("error: ")

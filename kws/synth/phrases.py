@@ -128,6 +128,9 @@ class MandarinDefault:
     kind_languages = {"hi": "cmn", "nihao": "cmn", "hard": "cmn", "zh": "cmn", "syl": "cmn", "en": "en",
                       "yue": "yue"}
     commands = COMMANDS  # said after a keyword in some positives (kws.synth.corpus.keyword_seconds cuts them)
+    keyword_texts = (HI_TEXTS + HI_PINYIN, NIHAO_TEXTS + NIHAO_PINYIN)
+    public_kinds = {"zh": "speech", "syl": "syllables", "en": "other_language", "yue": "other_language",
+                    "stream": "stream"}
 
     def banned(self, text):
         return _banned(text)
@@ -216,6 +219,22 @@ def token_of(phrase):
 
 def _normal(text):
     return re.sub(r"[\W_]+", "", text.lower())
+
+
+# What a negative is, as data.list's `kind` records it (metrics break false alarms down by it).
+UTTERANCE_KINDS = ("keyword", "partial", "near_miss", "speech", "syllables", "other_language", "stream")
+
+
+def utterance_kind(profile, kind, text):
+    """The data.list kind of a planned utterance: a confusable (`hard`) is `partial` when it is a
+    contiguous part of a way the keyword is written (嗨小问 -> 小问, `hey kws` -> `hey`), else `near_miss`."""
+    if kind in profile.positive:
+        return "keyword"
+    if kind == "hard":
+        norm = _normal(text)
+        whole = {_normal(t) for texts in profile.keyword_texts for t in texts}
+        return "partial" if "[[" not in text and any(norm in t and norm != t for t in whole) else "near_miss"
+    return profile.public_kinds[kind]
 
 
 def _base(phoneme):
@@ -317,8 +336,10 @@ class PhraseProfile:
                            "other": 0.14}
         self.stream_kind_share = {"lang": 0.55, "syl": 0.2, "other": 0.25}
         self.babble_kinds = ("lang", "lang", "other")
+        self.keyword_texts = self.texts
 
     commands = ()
+    public_kinds = {"lang": "speech", "syl": "syllables", "other": "other_language", "stream": "stream"}
 
     @staticmethod
     def _variants(phrase):

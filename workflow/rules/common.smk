@@ -6,7 +6,7 @@ import os
 import shlex
 from pathlib import Path
 
-from kws.config import load_model_config
+from kws.config import experiment_runs, load_model_config
 from kws.errors import KwsError
 from kws.features import fbank_settings
 from kws.launch import (
@@ -37,7 +37,13 @@ SPLITS = ["train", "dev", "test"] + (
     [HELDOUT_SPLIT] if CORPUS["heldout_engine"] else []
 )
 EVAL_SPLITS = [s for s in SPLITS if s.startswith("test")]
-EXPERIMENTS = sorted(config["experiments"])
+# One training run per experiment and seed (kws.config.experiment_runs): run name -> (experiment, seed).
+# The {exp} wildcard and EXPERIMENTS name runs.
+try:
+    RUNS = experiment_runs(config["experiments"], config["train"]["seed"])
+except KwsError as err:
+    sys.exit(f"error: {err}")
+EXPERIMENTS = list(RUNS)
 
 # Keyword tokens per corpus (the recipe writes the same into dict/words.txt).
 DEFAULT_KEYWORDS = {
@@ -99,7 +105,14 @@ def code_of(*scripts):
 
 
 def experiment(exp):
-    return config["experiments"][exp]
+    """The config entry of run `exp`'s experiment."""
+    return config["experiments"][RUNS[exp][0]]
+
+
+def run_record(exp):
+    """What resolve_config records of a run: its experiment's entry, the experiment's name and its seed."""
+    entry = {k: v for k, v in experiment(exp).items() if k != "seeds"}
+    return entry | {"name": RUNS[exp][0], "seed": RUNS[exp][1]}
 
 
 def model_config_path(exp):
@@ -256,7 +269,7 @@ def train_args(exp):
     args = [
         gpus_argument(experiment(exp)["gpus"]),
         f"--num_keywords {len(keywords())}",
-        f"--seed {t['seed']}",
+        f"--seed {RUNS[exp][1]}",
         f"--min_duration {t['min_duration']}",
         f"--ddp.dist_backend {t['dist_backend']}",
     ]

@@ -81,7 +81,11 @@ for evalset in EVAL_SPLITS:
                 caption="../report/metrics.rst",
                 category="Metrics",
             ),
-            markdown=f"{eval_dir(evalset)}/metrics.md",
+            markdown=report(
+                f"{eval_dir(evalset)}/metrics.md",
+                caption="../report/metrics.rst",
+                category="Metrics",
+            ),
             stats=expand(
                 f"{eval_dir(evalset, for_expand=True)}/det/stats.{{keyword}}.txt",
                 keyword=keywords(),
@@ -161,15 +165,18 @@ rule compare_experiments:
             keyword=keywords(),
         ),
         script=script("compare_experiments.py"),
-        plot_script=script("plot_det.py"),
-        code=code_of("compare_experiments.py", "plot_det.py"),
+        code=code_of("compare_experiments.py"),
     output:
         plot=report(
             f"{OUT}/comparison/det.png",
             caption="../report/det.rst",
             category="Comparison",
         ),
-        markdown=f"{OUT}/comparison/metrics.md",
+        markdown=report(
+            f"{OUT}/comparison/metrics.md",
+            caption="../report/metrics.rst",
+            category="Comparison",
+        ),
         table=report(
             f"{OUT}/comparison/metrics.tsv",
             caption="../report/metrics.rst",
@@ -183,7 +190,9 @@ rule compare_experiments:
         "../../environment.yml"
     params:
         names=" ".join(EXPERIMENTS),
+        # the experiment of each run: an experiment's seeds get a median [min-max] row
+        experiments=" ".join(RUNS[run][0] for run in EXPERIMENTS),
     shell:
-        "(python {input.script} --metrics {input.metrics} --names {params.names}"
-        " --out-md {output.markdown} --out-tsv {output.table}"
-        " && python {input.plot_script} --compare --stats {input.stats} --out {output.plot}) > {log} 2>&1"
+        "python {input.script} --metrics {input.metrics} --names {params.names}"
+        " --experiments {params.experiments} --out-md {output.markdown} --out-tsv {output.table}"
+        " --out-plot {output.plot} > {log} 2>&1"

@@ -1,4 +1,5 @@
-# Export for streaming inference: ONNX and TorchScript with the cache, checked against PyTorch.
+# Export for streaming inference: ONNX and TorchScript with the cache, checked against PyTorch, and the
+# deployed detector scored over the whole test split beside the offline figures (kws.deployed).
 
 
 rule export_model:
@@ -6,6 +7,7 @@ rule export_model:
         model=f"{OUT}/{{exp}}/avg.pt",
         metrics=f"{OUT}/{{exp}}/metrics.json",
         test=f"{DATA}/test/data.list",
+        score=f"{OUT}/{{exp}}/score.txt",
         words=f"{DATA}/dict/words.txt",
         script=script("export_model.py"),
         code=code_of("export_model.py"),
@@ -19,8 +21,12 @@ rule export_model:
         f"{OUT}/benchmarks/export_model.{{exp}}.tsv"
     conda:
         "../../environment.yml"
+    threads: 2
     params:
         out_dir=lambda wildcards, output: Path(output.onnx).parent,
+        # the deployed detector (kws-detect's defaults) runs over the whole test split, streams included
+        args=f"--window-shift {config['det']['window_shift']}",
     shell:
         "python {input.script} --checkpoint {input.model} --dict {input.words} --metrics {input.metrics}"
-        " --test-data {input.test} --out-dir {params.out_dir} > {log} 2>&1"
+        " --test-data {input.test} --score {input.score} {params.args} --threads {threads}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

@@ -66,7 +66,7 @@ rule resolve_config:
         "../../environment.yml"
     params:
         experiment=lambda wildcards: json.dumps(
-            experiment(wildcards.exp), sort_keys=True
+            run_record(wildcards.exp), sort_keys=True
         ),
         pipeline=json.dumps(
             {k: v for k, v in config.items() if k != "experiments"}, sort_keys=True

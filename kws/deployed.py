@@ -1,0 +1,158 @@
+"""The deployed detector scored: an exported model run through kws-detect's streaming path (streaming fbank,
+model cache, the thresholds stored in the export, the refractory period) over a whole test split, streams
+included, and set beside the offline figures from score.txt at the same thresholds.
+
+Per keyword: a positive is detected when the detector fires for its keyword at least once; every firing
+on another utterance is a false alarm (FA/h over the same filler hours as kws.det). The offline figures
+at the exported threshold are counted twice: with the DET's hold-off (`window_shift`, as metrics.json
+reports them) and with the detector's refractory period as hold-off, which is what the streaming path
+must reproduce: the exported posteriors equal offline scoring within the export check's tolerance, so
+only utterances whose peak lies that close to a threshold may fall the other way. `check_agreement`
+fails when a count differs by more than COUNT_TOLERANCE of it (at least one utterance).
+"""
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import numpy as np
+
+from kws.errors import KwsError
+
+COUNT_TOLERANCE = 0.01  # of a count (misses, false alarms), and at least 1
+DEFAULT_CHUNK_MS = 100
+
+_worker = {}
+
+
+def _init_worker(model_path, thresholds, refractory, backend):
+    import torch
+
+    from kws.detect import Detector
+    from kws.export import load_exported
+
+    torch.set_num_threads(1)
+    runner = load_exported(model_path, threads=1, backend=backend)
+    _worker["detector"] = Detector(runner, thresholds, refractory=refractory)
+
+
+def _detect(job):
+    """Keyword indices the detector fires for on each (key, wav) of the job, fed chunk_samples at a time."""
+    from kws.audio import read_wav
+
+    pairs, chunk_samples = job
+    detector = _worker["detector"]
+    fired = {}
+    for key, wav in pairs:
+        detector.reset()
+        samples = read_wav(wav)
+        hits = []
+        for start in range(0, samples.size, chunk_samples):
+            hits += [d["index"] for d in detector.accept(samples[start:start + chunk_samples])]
+        fired[key] = hits
+    return fired
+
+
+def stream_detections(model_path, items, thresholds, refractory, chunk_ms=DEFAULT_CHUNK_MS, workers=1, backend=None):
+    """{key: [keyword index of each detection]} for every data.list item, each utterance its own stream."""
+    if not chunk_ms > 0:
+        raise KwsError(f"chunk_ms must be positive, got {chunk_ms}")
+    chunk_samples = max(1, int(round(16000 * chunk_ms / 1000.0)))
+    pairs = [(item["key"], item["wav"]) for item in items]
+    # long streams first, so the workers finish together
+    order = sorted(range(len(items)), key=lambda i: -items[i]["duration"])
+    jobs = [([pairs[i] for i in order[w::workers * 8]], chunk_samples) for w in range(workers * 8)]
+    fired = {}
+    if workers <= 1:
+        _init_worker(model_path, thresholds, refractory, backend)
+        for job in jobs:
+            fired.update(_detect(job))
+        return fired
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(os.fspath(model_path), list(thresholds), refractory, backend)) as pool:
+        for part in pool.map(_detect, [job for job in jobs if job[0]]):
+            fired.update(part)
+    return fired
+
+
+def _counts(index, items, positive, alarms_of):
+    positives = [item for item in items if item["label"] == index]
+    fillers = [item for item in items if item["label"] != index]
+    misses = sum(1 for item in positives if not positive(item))
+    alarms = sum(alarms_of(item) for item in fillers)
+    hours = sum(item["duration"] for item in fillers) / 3600.0
+    return {"positives": len(positives), "misses": misses, "frr": misses / len(positives),
+            "false_alarms": int(alarms), "filler_hours": hours, "fa_per_hour": alarms / hours}
+
+
+def deployed_figures(items, tokens, scores, fired, thresholds, hold_off_frames, window_shift):
+    """Per keyword token: the streaming figures and the offline ones at the same threshold.
+
+    scores: {token: {key: frame posteriors}} (kws.det.read_scores); fired: stream_detections' result.
+    """
+    from kws.det import count_false_alarms
+
+    figures = {}
+    for index, token in enumerate(tokens):
+        t = float(thresholds[index])
+        table = scores[token]
+
+        def offline(hold_off):
+            return _counts(index, items, lambda item: float(np.max(table[item["key"]])) >= t,
+                           lambda item: int(count_false_alarms(table[item["key"]], [t], hold_off)[0]))
+
+        streaming = _counts(index, items, lambda item: index in fired[item["key"]],
+                            lambda item: fired[item["key"]].count(index))
+        figures[token] = {"threshold": t, "streaming": streaming,
+                          "offline_refractory": offline(hold_off_frames), "offline_window_shift": offline(window_shift)}
+    return figures
+
+
+def check_agreement(figures, tolerance=COUNT_TOLERANCE):
+    """KwsError when the streaming counts differ from the offline ones (same hold-off) beyond tolerance."""
+    problems = []
+    for token, fig in figures.items():
+        for what in ("misses", "false_alarms"):
+            stream, offline = fig["streaming"][what], fig["offline_refractory"][what]
+            allowed = max(1, math.floor(tolerance * max(stream, offline)))
+            if abs(stream - offline) > allowed:
+                problems.append(f"{token} {what}: streaming {stream}, offline {offline} (allowed {allowed})")
+    if problems:
+        raise KwsError("the deployed detector disagrees with offline scoring at the exported thresholds: "
+                       + "; ".join(problems))
+
+
+def evaluate_deployed(model_path, data_list, dict_path, score_path, refractory, window_shift=50,
+                      chunk_ms=DEFAULT_CHUNK_MS, workers=1, backend=None):
+    """Run the exported model over data_list as kws-detect would, at the thresholds stored in it; return the
+    report, after check_agreement."""
+    from kws.datalist import keyword_names, read_data_list, read_dictionary
+    from kws.det import read_scores
+    from kws.export import load_exported
+
+    from kws.detect import Detector
+
+    runner = load_exported(model_path, backend=backend)
+    meta = runner.meta
+    dictionary = read_dictionary(dict_path)
+    tokens = keyword_names(dictionary)
+    if list(meta["keywords"]) != tokens:
+        raise KwsError(f"{model_path}: keywords {meta['keywords']} but {dict_path} has {tokens}")
+    thresholds = [float(meta["thresholds"][token]) for token in tokens]
+    items = read_data_list(data_list, dictionary=dictionary)
+    scores = read_scores(score_path, dictionary)
+    for token in tokens:
+        missing = [item["key"] for item in items if item["key"] not in scores[token]]
+        if missing:
+            raise KwsError(f"{score_path}: no scores for {token} of {missing[0]} ({data_list}); "
+                           f"score and test data do not match")
+    fired = stream_detections(model_path, items, thresholds, refractory, chunk_ms, workers, backend)
+    hold_off = max(1, Detector(runner, thresholds, refractory=refractory).refractory_frames)
+    figures = deployed_figures(items, tokens, scores, fired, thresholds, hold_off, window_shift)
+    report = {"test_data": os.fspath(data_list), "utterances": len(items),
+              "hours": sum(item["duration"] for item in items) / 3600.0, "chunk_ms": chunk_ms,
+              "refractory_seconds": refractory, "refractory_frames": hold_off, "window_shift": window_shift,
+              "count_tolerance": COUNT_TOLERANCE, "keywords": figures}
+    check_agreement(figures)
+    return report

@@ -1,0 +1,196 @@
+"""Tables of metrics.json (kws.det): metrics.tsv and metrics.md of one run, and the comparison of runs,
+with each experiment's median, min and max over its seeds.
+
+Every FRR is shown with its 95 % interval and its count (misses / positives), every FA/h with its 95 %
+interval and its count (false alarms in the filler hours); a target the filler hours do not resolve is
+marked (zero false alarms would not show the rate below it).
+"""
+
+import statistics
+
+from kws.det import keyword_entries, load_metrics
+from kws.errors import KwsError
+
+TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "frr_low", "frr_high", "false_rejects",
+               "num_positives", "threshold", "fa_per_hour", "fa_per_hour_low", "fa_per_hour_high",
+               "false_alarms", "filler_hours", "zero_fa_only", "resolved")
+UNRESOLVED_NOTE = ("\u2020 not resolved: even zero false alarms in this many filler hours would not show the rate "
+                   "below the target (95 %, one-sided), so the test set cannot show that this threshold meets it.")
+
+
+def _num(value, digits=6):
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _ci(point, key, index):
+    return None if point.get(key) is None else point[key][index]
+
+
+def _tsv_rows(metrics, experiment=None):
+    name = experiment if experiment is not None else (metrics.get("experiment") or "")
+    for kw in keyword_entries(metrics):
+        for point in kw["operating_points"]:
+            yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
+                   _num(_ci(point, "frr_ci95", 0)), _num(_ci(point, "frr_ci95", 1)),
+                   "" if point.get("false_rejects") is None else str(point["false_rejects"]),
+                   str(kw["num_positives"]), _num(point["threshold"], 2), _num(point["fa_per_hour"]),
+                   _num(_ci(point, "fa_per_hour_ci95", 0)), _num(_ci(point, "fa_per_hour_ci95", 1)),
+                   "" if point.get("false_alarms") is None else str(point["false_alarms"]),
+                   f"{kw['filler_hours']:.4f}", str(point["zero_fa_only"]).lower(),
+                   str(point.get("resolved", True)).lower()]
+
+
+def metrics_tsv(metrics):
+    """Long-format TSV: one row per keyword and FA/h target."""
+    lines = ["\t".join(TSV_COLUMNS)]
+    lines += ["\t".join(row) for row in _tsv_rows(metrics)]
+    return "\n".join(lines) + "\n"
+
+
+def _pct(value):
+    return f"{100 * value:.2f} %"
+
+
+def _frr_cell(point):
+    if point.get("frr") is None:
+        return "n/a"
+    text = _pct(point["frr"])
+    if point.get("frr_ci95"):
+        low, high = point["frr_ci95"]
+        text += f" ({100 * low:.1f}-{100 * high:.1f})"
+    return text + ("" if point.get("resolved", True) else " \u2020")
+
+
+def _fa_cell(point, hours):
+    if point.get("fa_per_hour") is None:
+        return "n/a"
+    alarms = point.get("false_alarms")
+    rate = 0.0 if alarms == 0 else point["fa_per_hour"]  # not WeKws's 1e-6 floor
+    text = f"{rate:.2f}"
+    if point.get("fa_per_hour_ci95"):
+        low, high = point["fa_per_hour_ci95"]
+        text += f" ({low:.2f}-{high:.2f})"
+    return text + ("" if alarms is None else f" [{alarms} in {hours:.2f} h]")
+
+
+def _misses(point, positives):
+    return "" if point.get("false_rejects") is None else f"{point['false_rejects']} / {positives}"
+
+
+def _keyword_rows(kw):
+    points = [(f"{p['fa_per_hour_target']:g} FA/h", p) for p in kw["operating_points"]]
+    points.append(("t = 0.5", kw["at_threshold_0.5"]))
+    for label, point in points:
+        threshold = "" if point.get("threshold") is None else f"{point['threshold']:.2f}"
+        yield [kw["token"], label, _frr_cell(point), _misses(point, kw["num_positives"]), threshold,
+               _fa_cell(point, kw["filler_hours"])]
+
+
+def _by_kind_table(kw):
+    """False alarms by negative kind at each operating point's threshold."""
+    points = [p for p in kw["operating_points"] if p.get("fa_per_hour_by_kind")]
+    hours = kw.get("filler_hours_by_kind") or {}
+    if not points or not hours:
+        return []
+    header = ["Kind", "Hours"] + [f"at {p['fa_per_hour_target']:g} FA/h (t={p['threshold']:.2f})" for p in points]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for kind in sorted(hours, key=lambda k: -hours[k]):
+        cells = [kind, f"{hours[kind]:.3f}"]
+        for point in points:
+            entry = point["fa_per_hour_by_kind"][kind]
+            cells.append(f"{entry['false_alarms']} ({entry['fa_per_hour']:.2f} FA/h)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _listed(entries, what):
+    if not entries:
+        return []
+    lines = [f"{what}:", "", "| Key | Kind | Engine / voice | Max score | Seconds |", "|---|---|---|---|---|"]
+    for e in entries:
+        who = " / ".join(x for x in (e.get("engine"), e.get("voice")) if x) or "-"
+        lines.append(f"| {e['key']} | {e['kind']} | {who} | {e['max_score']:.3f} | {e['duration']:.1f} |")
+    return lines + [""]
+
+
+def metrics_markdown(metrics, title=None):
+    """metrics.md: per keyword its operating points with intervals and counts, false alarms by kind, the
+    worst misses and the top false alarms."""
+    heading = title or (f"Metrics: {metrics['experiment']}" if metrics.get("experiment") else "Metrics")
+    header = ["Keyword", "Operating point", "FRR (95 % CI)", "Misses", "Threshold",
+              "FA/h (95 % CI) [false alarms in filler hours]"]
+    lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    unresolved = False
+    for kw in keyword_entries(metrics):
+        lines += ["| " + " | ".join(row) + " |" for row in _keyword_rows(kw)]
+        unresolved |= not all(p.get("resolved", True) for p in kw["operating_points"])
+    lines += ["", f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; the operating "
+              "point of a target: the lowest FRR with FA/h at or below it, then the lowest FA/h (ties: the middle "
+              "threshold); n/a: no threshold meets it. Intervals: Clopper-Pearson (FRR), exact Poisson (FA/h)."]
+    for kw in keyword_entries(metrics):
+        lines.append(f"\n{kw['token']}: {kw['num_positives']} positives, {kw['filler_hours']:.2f} filler hours "
+                     f"(zero false alarms resolve targets from {kw.get('fa_per_hour_resolved_from', 0):.2f} FA/h).")
+    if unresolved:
+        lines += ["", UNRESOLVED_NOTE]
+    for kw in keyword_entries(metrics):
+        table = _by_kind_table(kw)
+        if table:
+            lines += ["", f"## {kw['token']}: false alarms by kind of negative", ""] + table
+        listed = _listed(kw.get("worst_misses"), "Worst misses (lowest maximum score)")
+        listed += _listed(kw.get("top_false_alarms"), "Top false alarms (highest maximum score)")
+        if listed:
+            lines += ["", f"## {kw['token']}: worst misses and top false alarms", ""] + listed
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _spread_cell(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    return f"{100 * statistics.median(values):.2f} % [{100 * min(values):.2f}-{100 * max(values):.2f}]"
+
+
+def compare_metrics(named, experiments=None):
+    """Compare runs: `named` is a list of (run, metrics.json path or dict) -> (markdown, tsv).
+
+    experiments: the experiment of each run (same order; default: each run its own). An experiment with
+    several runs (seeds) gets a row of the median FRR with [min-max] over them. The Markdown table has one
+    row per keyword and run; FA/h targets are the union over runs (a target a run was not evaluated at
+    shows `-`).
+    """
+    loaded = [(name, m if isinstance(m, dict) else load_metrics(m)) for name, m in named]
+    if not loaded:
+        raise KwsError("no experiments to compare")
+    experiments = list(experiments) if experiments else [name for name, _ in loaded]
+    if len(experiments) != len(loaded):
+        raise KwsError(f"{len(experiments)} experiment name(s) for {len(loaded)} run(s)")
+    targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
+    header = ["Keyword", "Run", "Positives", "Filler hours"] + [f"FRR @ {t:g} FA/h" for t in targets]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
+    unresolved = False
+    for token in tokens:
+        runs_of = {}
+        for (name, m), exp in zip(loaded, experiments):
+            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
+            if kw is None:
+                continue
+            by_target = {float(p["fa_per_hour_target"]): p for p in kw["operating_points"]}
+            runs_of.setdefault(exp, []).append(by_target)
+            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
+            cells += [_frr_cell(by_target[t]) if t in by_target else "-" for t in targets]
+            unresolved |= not all(p.get("resolved", True) for p in kw["operating_points"])
+            md.append("| " + " | ".join(cells) + " |")
+        for exp, runs in runs_of.items():
+            if len(runs) > 1:
+                cells = [token, f"**{exp}**: median [min-max] of {len(runs)}", "", ""]
+                cells += [_spread_cell([r[t]["frr"] for r in runs if t in r]) if any(t in r for r in runs)
+                          else "-" for t in targets]
+                md.append("| " + " | ".join(cells) + " |")
+    tsv = ["\t".join(TSV_COLUMNS)]
+    for name, m in loaded:
+        tsv += ["\t".join(row) for row in _tsv_rows(m, experiment=str(name))]
+    md += ["", "FRR with its 95 % interval; n/a: no threshold meets the target."]
+    if unresolved:
+        md += ["", UNRESOLVED_NOTE]
+    return "\n".join(md) + "\n", "\n".join(tsv) + "\n"
