@@ -189,20 +189,29 @@ def test_cli(tmp_path):
     assert bad.returncode == 1 and bad.stderr.startswith("error: ")
 
 
-def test_default_plan_is_the_one_before_engines_and_phrases():
+def test_default_plan_is_the_one_before_engines_and_phrases(monkeypatch):
     """The default corpus (Mandarin, eSpeak only) draws exactly what it drew before the synthesis engines and
-    any-phrase profiles came in (digests of the plan and chunks recorded from b9f382b's code)."""
+    any-phrase profiles came in (digests of the plan and chunks recorded from b9f382b's code, whose test split
+    had 400 utterances and 2,700 s of streams), and its larger test split since left train and dev as they were."""
     import hashlib
     import json
 
+    from kws.synth import corpus
     from kws.synth.corpus import make_chunks
 
     def digest(value):
         return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     plan, _ = plan_corpus("default", 666)
-    assert digest(plan) == "29b04160c3287e2e64141625506ef61da9f60a1c541ce00c8d9fb691ec4bc84c"
-    assert digest(make_chunks(plan, 666)) == "c86c119294c9ccc9759d3a5e1b981ade2684aafdbbce9a2d6f8c824902c16f35"
+    assert len([i for i in plan["test"] if i["token"] == "<HI_XIAOWEN>"]) == 300
+    monkeypatch.setitem(corpus.SIZES, "default", {**corpus.SIZES["default"], "test": 400, "stream_seconds": 2700})
+    before, _ = plan_corpus("default", 666)
+    assert digest(before) == "29b04160c3287e2e64141625506ef61da9f60a1c541ce00c8d9fb691ec4bc84c"
+    assert digest(make_chunks(before, 666)) == "c86c119294c9ccc9759d3a5e1b981ade2684aafdbbce9a2d6f8c824902c16f35"
+    assert digest({s: plan[s] for s in ("train", "dev")}) == digest({s: before[s] for s in ("train", "dev")})
+    chunks, old_chunks = make_chunks(plan, 666), make_chunks(before, 666)
+    assert digest([c for c in chunks if c["items"][0]["split"] != "test"]) == \
+        digest([c for c in old_chunks if c["items"][0]["split"] != "test"])
     plan, _ = plan_corpus("tiny", SEED)
     assert digest(plan) == "57f3f7bc85f6d6395215c9a50e78fa75ddc2f3e89a727049878570619d7fd539"
 
