@@ -156,3 +156,25 @@ def evaluate_deployed(model_path, data_list, dict_path, score_path, refractory, 
               "count_tolerance": COUNT_TOLERANCE, "keywords": figures}
     check_agreement(figures)
     return report
+
+
+def deployed_markdown(report):
+    """deployed.md: the streaming detector's FRR and FA/h at the exported thresholds beside the offline ones."""
+    lines = ["# The deployed detector on the test split", "",
+             f"The exported ONNX model run as `kws-detect` runs it ({report['chunk_ms']:g} ms chunks, refractory "
+             f"{report['refractory_seconds']:g} s) over all {report['utterances']} test utterances "
+             f"({report['hours']:.2f} h, long streams included), each its own stream; offline: score.txt at the same "
+             f"threshold, false alarms counted with the DET's hold-off ({report['window_shift']} frames) and with the "
+             f"refractory period ({report['refractory_frames']} frames).", "",
+             "| Keyword | Threshold | Scored | FRR | Misses | FA/h | False alarms | Filler hours |",
+             "|---|---|---|---|---|---|---|---|"]
+    for token, fig in report["keywords"].items():
+        for label, key in (("streaming (deployed)", "streaming"), ("offline, refractory hold-off", "offline_refractory"),
+                           ("offline, DET hold-off", "offline_window_shift")):
+            f = fig[key]
+            lines.append(f"| {token} | {fig['threshold']:.2f} | {label} | {100 * f['frr']:.2f} % | "
+                         f"{f['misses']} / {f['positives']} | {f['fa_per_hour']:.2f} | {f['false_alarms']} | "
+                         f"{f['filler_hours']:.2f} |")
+    lines += ["", f"The export fails when a streaming count differs from the offline one with the same hold-off by more "
+              f"than {100 * report['count_tolerance']:g} % of it (at least one)."]
+    return "\n".join(lines) + "\n"

@@ -356,7 +356,7 @@ def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, to
     """Write model.onnx, model.pt and export.json into `out_dir` after verifying both exports.
 
     deployed: a function of the ONNX file's path that scores the deployed detector (kws.deployed) and
-    raises KwsError when it disagrees with offline scoring; its report goes into export.json.
+    raises KwsError when it disagrees with offline scoring; its report goes into export.json and deployed.md.
     Everything is built under temporary names and renamed only when the checks pass."""
     from kws.fileio import atomic_open, atomic_path, ensure_dir
 
@@ -387,7 +387,11 @@ def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, to
             "meta": meta,
         }
         if deployed_report is not None:
+            from kws.deployed import deployed_markdown
+
             report["deployed"] = deployed_report
+            with atomic_open(out_dir / "deployed.md") as handle:
+                handle.write(deployed_markdown(deployed_report))
         with atomic_open(out_dir / "export.json") as handle:
             json.dump(report, handle, indent=2)
             handle.write("\n")

@@ -317,6 +317,8 @@ def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
         assert stream["positives"] == 1 and offline["filler_hours"] == pytest.approx(stream["filler_hours"])
         assert fig["offline_window_shift"]["false_alarms"] >= offline["false_alarms"]  # 3 < 5 frames hold-off
     assert sum(fig["streaming"]["false_alarms"] for fig in deployed["keywords"].values()) > 0
+    table = (tmp_path / "out" / "deployed.md").read_text()
+    assert table.count("| streaming (deployed) |") == 2 and "offline, DET hold-off" in table
 
 
 def test_a_detector_that_disagrees_with_offline_scoring_fails_the_export(tmp_path):

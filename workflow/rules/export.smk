@@ -15,6 +15,11 @@ rule export_model:
         onnx=f"{OUT}/{{exp}}/export/model.onnx",
         torchscript=f"{OUT}/{{exp}}/export/model.pt",
         summary=f"{OUT}/{{exp}}/export/export.json",
+        deployed=report(
+            f"{OUT}/{{exp}}/export/deployed.md",
+            caption="../report/deployed.rst",
+            category="Export",
+        ),
     log:
         f"{OUT}/logs/export_model.{{exp}}.log",
     benchmark:
