@@ -158,6 +158,19 @@ def test_lint_and_format_are_clean():
     assert fmt.returncode == 0, fmt.stderr
 
 
+def test_test_config_plans_the_tiny_pipeline():
+    """`snakemake --directory .test` (snakemake-workflows' test config) runs the tiny pipeline from the
+    checkout itself: its config/config.yaml is found, its model path resolves, every stage is planned."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--directory", ".test", "--cores", "2", "-n", "--forceall"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = planned_jobs(result)
+    assert jobs["train"] == 1 and jobs["export_model"] == 1 and jobs["all"] == 1, jobs
+    assert "results/tiny/export/model.onnx" in result.stdout
+
+
 # ---------------------------------------------------------------- the tiny pipeline, end to end
 
 
