@@ -6,8 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kws.det import (compare_metrics, compute_det, count_false_alarms, count_false_alarms_many,
-                     operating_point, read_stats, thresholds_for)
+from kws.det import (
+    compare_metrics,
+    compute_det,
+    count_false_alarms,
+    count_false_alarms_many,
+    operating_point,
+    read_stats,
+    thresholds_for,
+)
 from kws.errors import KwsError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +153,8 @@ def test_keyword_without_positives_is_an_error(tmp_path):
 
 def test_missing_scores_is_an_error(tmp_path):
     _write_case(tmp_path)
-    text = "\n".join(l for l in (tmp_path / "score.txt").read_text().splitlines() if not l.startswith("f2 "))
+    lines = (tmp_path / "score.txt").read_text().splitlines()
+    text = "\n".join(line for line in lines if not line.startswith("f2 "))
     (tmp_path / "score.txt").write_text(text + "\n")
     with pytest.raises(KwsError, match="first: f2"):
         compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "o")

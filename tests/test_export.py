@@ -10,8 +10,15 @@ import torch
 
 from kws.config import load_model_config
 from kws.errors import KwsError
-from kws.export import (EagerRunner, OnnxRunner, TorchScriptRunner, build_metadata, export_artifacts,
-                        recommended_thresholds, verify_exports)
+from kws.export import (
+    EagerRunner,
+    OnnxRunner,
+    TorchScriptRunner,
+    build_metadata,
+    export_artifacts,
+    recommended_thresholds,
+    verify_exports,
+)
 from kws.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +56,8 @@ def make_checkpoint(root, seed=0):
         n = 6000 + 2500 * i
         x = 0.05 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * (300 + 200 * i) * np.arange(n) / 16000)
         soundfile.write(str(root / f"u{i}.wav"), x.astype(np.float32), 16000, subtype="PCM_16")
-        lines.append(json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000, "wav": str(root / f"u{i}.wav")}))
+        lines.append(json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000,
+                                 "wav": str(root / f"u{i}.wav")}))
     (root / "data.list").write_text("\n".join(lines) + "\n")
     metrics = {"keywords": [{"token": "<HI_XIAOWEN>", "name": "hi_xiaowen", "operating_points": [
         {"fa_per_hour_target": 0.5, "threshold": 0.81, "frr": 0.2, "fa_per_hour": 0.0},
@@ -238,7 +246,8 @@ def test_keyword_count_mismatch_is_an_error(export_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("metrics, expected", [
     ({"keywords": {"hi_xiaowen": {"operating_points": [{"fa_per_hour_target": 1, "threshold": 0.7}]}}}, 0.7),
-    ({"keywords": [{"token": "<HI_XIAOWEN>", "operating_points": [{"fa_per_hour_target": 1.0, "threshold": 0.4}]}]}, 0.4),
+    ({"keywords": [{"token": "<HI_XIAOWEN>",
+                    "operating_points": [{"fa_per_hour_target": 1.0, "threshold": 0.4}]}]}, 0.4),
     ({"keywords": [{"name": "hi_xiaowen", "operating_points": [{"fa_per_hour_target": 1.0, "threshold": None}]}]}, 0.5),
     ({"keywords": {"hi_xiaowen": {"operating_points": [{"fa_per_hour_target": 2, "threshold": 0.9}]}}}, 0.5),
     ({"something": "else"}, 0.5),

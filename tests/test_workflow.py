@@ -143,7 +143,8 @@ def test_a_gpu_training_cuda_cannot_use_stops_instead_of_training_on_the_cpu(tmp
     log = (root / "results" / "smoke" / "logs" / "train.tiny.log").read_text()
     assert "CUDA_VISIBLE_DEVICES=99" in log
     assert "error: --gpus 0: CUDA cannot use any device here" in log
-    assert "training finished" not in log and not (root / "results" / "smoke" / "tiny" / "model" / "final.yaml").exists()
+    assert "training finished" not in log
+    assert not (root / "results" / "smoke" / "tiny" / "model" / "final.yaml").exists()
 
 
 def test_lint_and_format_are_clean():
@@ -208,7 +209,10 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"det/step": 0.02}, SCORING_ONWARD),
         ({"average/num": 1}, AVERAGING_ONWARD),
         ({"average/mode": "last"}, AVERAGING_ONWARD),
-        ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}}, TRAIN_ONWARD),
+        (
+            {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}},
+            TRAIN_ONWARD,
+        ),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "optim_conf.lr": 0.01}}, TRAIN_ONWARD),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "model.hidden_dim": 24}}, TRAIN_ONWARD),
         ({"train/seed": 667}, TRAIN_ONWARD),
@@ -216,7 +220,12 @@ def test_second_run_has_nothing_to_do(completed_run):
         # Swapped values: Snakemake alone would not notice (params compare values without names).
         ({"train/seed": 5, "train/min_duration": 666}, TRAIN_ONWARD),
         (
-            {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "dataset_conf.fbank_conf.num_mel_bins": 32}},
+            {
+                "experiments/tiny/overrides": {
+                    "training_config.max_epoch": 2,
+                    "dataset_conf.fbank_conf.num_mel_bins": 32,
+                }
+            },
             TRAIN_ONWARD | {"compute_cmvn"},
         ),
         ({"corpus/seed": 1}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),
