@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def naive_false_alarms(scores, threshold, window_shift):
-    """WeKws compute_det.py's loop, verbatim in spirit."""
+    """WeKws compute_det.py's false-alarm count restated: a score at or above the threshold counts, then
+    window_shift frames are skipped."""
     count, i = 0, 0
     while i < len(scores):
         if scores[i] >= threshold:
