@@ -14,6 +14,7 @@ time to other work on the machine) and the peak resident memory of the process t
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -24,7 +25,6 @@ import time
 from pathlib import Path
 
 import psutil
-import resource
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "results" / "data" / "synthetic"

@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from machine import cpu_model  # noqa: E402
+
 SECTION = "## Streaming detector (bench/bench_detect.py)"
 CONFIGS = ("ds_tcn_small.yaml", "ds_tcn.yaml")
 

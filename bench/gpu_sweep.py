@@ -92,7 +92,8 @@ def summary(rows, args, status):
         if log.exists():
             header, *body = [line.split("\t") for line in log.read_text().splitlines()]
             if body:
-                losses = f"{float(body[-1][header.index('train_loss')]):.3f} / {float(body[-1][header.index('cv_loss')]):.3f}"
+                last = body[-1]
+                losses = f"{float(last[header.index('train_loss')]):.3f} / {float(last[header.index('cv_loss')]):.3f}"
         lines.append(f"| {row['name']} | {row['corpus']} | {row['seed']} | {row['overrides'] or '-'} | "
                      f"{status[row['name']][0]} | {' | '.join(cells)} | {losses} |")
     return "\n".join(lines) + "\n"
@@ -122,7 +123,7 @@ def main():
     deadline = time.monotonic() + args.deadline
     while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
         time.sleep(2)
-    for name, (state, proc) in list(status.items()):
+    for name, (_state, proc) in list(status.items()):
         if proc is not None and proc.poll() is None:
             subprocess.run(["pkill", "-TERM", "-s", str(proc.pid)])
             status[name] = ("stopped at the deadline", None)

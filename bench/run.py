@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from machine import cpu_model  # noqa: E402
+
 SECTION = "## Training performance (bench/run.py)"
 MODEL = ROOT / "config" / "models" / "ds_tcn_small.yaml"
 FBANK = {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10}
@@ -144,16 +145,17 @@ def bench_loss(table, args):
         lengths = torch.randint(100, 201, (256,), generator=g)
         targets = torch.randint(-1, keywords, (256,), generator=g)
 
+        # vec and ref are timed within this iteration, so the loop variables they read are this one's.
         def vec():
-            x = logits.detach().requires_grad_(True)
-            max_pooling_loss(x, lengths, targets, 50)[0].backward()
+            x = logits.detach().requires_grad_(True)  # noqa: B023
+            max_pooling_loss(x, lengths, targets, 50)[0].backward()  # noqa: B023
 
         # The loop takes minutes at 100 keywords: time it on a slice and scale (linear in the batch).
         ref_batch = 256 if keywords == 2 else (8 if args.quick else 32)
 
         def ref():
-            x = logits[:ref_batch].detach().requires_grad_(True)
-            max_pooling_loss_loop(x, lengths[:ref_batch], targets[:ref_batch], 50).backward()
+            x = logits[:ref_batch].detach().requires_grad_(True)  # noqa: B023
+            max_pooling_loss_loop(x, lengths[:ref_batch], targets[:ref_batch], 50).backward()  # noqa: B023
 
         t_vec = median_time(vec, args.runs * 3)
         t_ref = median_time(ref, max(1, args.runs if keywords == 2 else 1), warmup=0) * 256 / ref_batch
@@ -169,8 +171,8 @@ def bench_loader(table, args, corpus, caches):
     import torch
 
     from kws.config import load_model_config
-    from kws.dataset import Featurizer, KwsDataset
     from kws.datalist import read_data_list, read_dictionary
+    from kws.dataset import Featurizer, KwsDataset
     from kws.loss import max_pooling_loss
     from kws.model import build_model
 
@@ -205,7 +207,7 @@ def bench_loader(table, args, corpus, caches):
     steps = [0, 0]
 
     def train_steps():
-        for keys, feats, lengths, targets in batches:
+        for _keys, feats, lengths, targets in batches:
             opt.zero_grad()
             logits, _ = model(feats)
             loss, _ = max_pooling_loss(logits, lengths, targets, 50)
@@ -271,8 +273,8 @@ def bench_epoch(table, args, corpus, caches, tmp):
 def padded_frames(corpus, sort):
     """(padded, real) frames of one epoch's training batches of the default model config, 1 process."""
     from kws.config import load_model_config
-    from kws.dataset import Featurizer, KwsDataset
     from kws.datalist import read_dictionary
+    from kws.dataset import Featurizer, KwsDataset
 
     conf = load_model_config(MODEL)["dataset_conf"]
     conf = dict(conf, sort=sort, spec_aug=False, fbank_conf=dict(conf["fbank_conf"], dither=0.0))

@@ -130,7 +130,8 @@ class AudioStore:
             problem = f"offsets.npy has shape {offsets.shape}, expected ({len(self.keys) + 1},)"
         elif offsets[0] != 0 or np.any(np.diff(offsets) < 0):
             problem = "offsets.npy is not an increasing index starting at 0"
-        elif samples.dtype != np.int16 or samples.shape != (int(offsets[-1]),) or offsets[-1] != meta.get("num_samples"):
+        elif (samples.dtype != np.int16 or samples.shape != (int(offsets[-1]),)
+              or offsets[-1] != meta.get("num_samples")):
             problem = f"samples.npy is {samples.dtype} {samples.shape}, the index says int16 ({int(offsets[-1])},)"
         elif len(set(self.keys)) != len(self.keys):
             problem = "duplicate keys in meta.json"

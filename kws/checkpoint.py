@@ -62,7 +62,8 @@ def load_payload(path, map_location="cpu"):
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise KwsError(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+        first_line = str(err).splitlines()[0][:200]
+        raise KwsError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first_line})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
         raise KwsError(f"{path}: not a kwsflow checkpoint (no 'model' state dict)")
     return payload
@@ -88,7 +89,7 @@ def find_resume_checkpoint(model_dir, map_location="cpu"):
     and the one used instead.
     """
     bad = []
-    for epoch, sidecar, path in reversed(completed_epochs(model_dir)):
+    for epoch, _sidecar, path in reversed(completed_epochs(model_dir)):
         try:
             payload = load_payload(path, map_location)
             if int(payload.get("epoch", -1)) != epoch:

@@ -35,8 +35,14 @@ import numpy as np
 import torch
 
 from kws.audio_store import AudioStore, MemoryStore
-from kws.config import (DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE,
-                        DEFAULT_SPEC_AUG, fbank_conf_of)
+from kws.config import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_FILTER,
+    DEFAULT_SHUFFLE_SIZE,
+    DEFAULT_SORT_SIZE,
+    DEFAULT_SPEC_AUG,
+    fbank_conf_of,
+)
 from kws.datalist import read_data_list, require_labels
 from kws.errors import KwsError
 from kws.features import batch_fbank, num_frames

@@ -76,14 +76,15 @@ def stream_detections(model_path, items, thresholds, refractory, chunk_ms=DEFAUL
     return fired
 
 
-def _counts(index, items, positive, alarms_of):
+def _counts(index, items, detected, alarms):
+    """FRR and FA/h of keyword `index`: detected(item) for its positives, alarms(item) for the others."""
     positives = [item for item in items if item["label"] == index]
     fillers = [item for item in items if item["label"] != index]
-    misses = sum(1 for item in positives if not positive(item))
-    alarms = sum(alarms_of(item) for item in fillers)
+    misses = sum(1 for item in positives if not detected[item["key"]])
+    count = sum(alarms[item["key"]] for item in fillers)
     hours = sum(item["duration"] for item in fillers) / 3600.0
     return {"positives": len(positives), "misses": misses, "frr": misses / len(positives),
-            "false_alarms": int(alarms), "filler_hours": hours, "fa_per_hour": alarms / hours}
+            "false_alarms": int(count), "filler_hours": hours, "fa_per_hour": count / hours}
 
 
 def deployed_figures(items, tokens, scores, fired, thresholds, hold_off_frames, window_shift):
@@ -97,15 +98,15 @@ def deployed_figures(items, tokens, scores, fired, thresholds, hold_off_frames, 
     for index, token in enumerate(tokens):
         t = float(thresholds[index])
         table = scores[token]
-
-        def offline(hold_off):
-            return _counts(index, items, lambda item: float(np.max(table[item["key"]])) >= t,
-                           lambda item: int(count_false_alarms(table[item["key"]], [t], hold_off)[0]))
-
-        streaming = _counts(index, items, lambda item: index in fired[item["key"]],
-                            lambda item: fired[item["key"]].count(index))
-        figures[token] = {"threshold": t, "streaming": streaming,
-                          "offline_refractory": offline(hold_off_frames), "offline_window_shift": offline(window_shift)}
+        peak_reached = {key: float(np.max(values)) >= t for key, values in table.items()}
+        offline = {name: _counts(index, items, peak_reached,
+                                 {key: int(count_false_alarms(values, [t], hold_off)[0])
+                                  for key, values in table.items()})
+                   for name, hold_off in (("offline_refractory", hold_off_frames),
+                                          ("offline_window_shift", window_shift))}
+        streaming = _counts(index, items, {key: index in hits for key, hits in fired.items()},
+                            {key: hits.count(index) for key, hits in fired.items()})
+        figures[token] = {"threshold": t, "streaming": streaming, **offline}
     return figures
 
 
@@ -129,9 +130,8 @@ def evaluate_deployed(model_path, data_list, dict_path, score_path, refractory, 
     report, after check_agreement."""
     from kws.datalist import keyword_names, read_data_list, read_dictionary
     from kws.det import read_scores
-    from kws.export import load_exported
-
     from kws.detect import Detector
+    from kws.export import load_exported
 
     runner = load_exported(model_path, backend=backend)
     meta = runner.meta
@@ -169,12 +169,13 @@ def deployed_markdown(report):
              "| Keyword | Threshold | Scored | FRR | Misses | FA/h | False alarms | Filler hours |",
              "|---|---|---|---|---|---|---|---|"]
     for token, fig in report["keywords"].items():
-        for label, key in (("streaming (deployed)", "streaming"), ("offline, refractory hold-off", "offline_refractory"),
+        for label, key in (("streaming (deployed)", "streaming"),
+                           ("offline, refractory hold-off", "offline_refractory"),
                            ("offline, DET hold-off", "offline_window_shift")):
             f = fig[key]
             lines.append(f"| {token} | {fig['threshold']:.2f} | {label} | {100 * f['frr']:.2f} % | "
                          f"{f['misses']} / {f['positives']} | {f['fa_per_hour']:.2f} | {f['false_alarms']} | "
                          f"{f['filler_hours']:.2f} |")
-    lines += ["", f"The export fails when a streaming count differs from the offline one with the same hold-off by more "
-              f"than {100 * report['count_tolerance']:g} % of it (at least one)."]
+    lines += ["", "The export fails when a streaming count differs from the offline one with the same hold-off by "
+              f"more than {100 * report['count_tolerance']:g} % of it (at least one)."]
     return "\n".join(lines) + "\n"

@@ -201,7 +201,8 @@ def main(argv=None):
         description="Take N free GPUs (one lock file per id), set CUDA_VISIBLE_DEVICES and run a command "
                     "holding the locks. Without a command, print the ids that are free now.")
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs to take (0: just run)")
-    parser.add_argument("--lock-dir", default=None, help=f"lock folder (default $KWS_GPU_LOCK_DIR or {DEFAULT_LOCK_DIR})")
+    parser.add_argument("--lock-dir", default=None,
+                        help=f"lock folder (default $KWS_GPU_LOCK_DIR or {DEFAULT_LOCK_DIR})")
     parser.add_argument("--visible", default=None, help="ids to choose from (default: $KWS_VISIBLE_GPUS, "
                                                         "$CUDA_VISIBLE_DEVICES, nvidia-smi)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for free GPUs (default: forever)")

@@ -516,7 +516,8 @@ def run_preflight(args_like, environ=os.environ, cuda=None, cpus=None, check_por
     if report.backend == "gloo" and ids:
         report.append("--ddp.dist_backend gloo with GPUs: gradients go through host memory, much slower than "
                       "nccl; use nccl (or auto)")
-    report.ok.append(f"backend: {report.backend}" + (f" (from {requested})" if str(requested).lower() == "auto" else ""))
+    origin = f" (from {requested})" if str(requested).lower() == "auto" else ""
+    report.ok.append(f"backend: {report.backend}" + origin)
 
     conf, source = _load_config(_get(args_like, "config"))
     if conf is not None:

@@ -40,13 +40,21 @@ import numpy as np
 import torch
 
 from kws import checkpoint as ckpt
+from kws.audio_store import open_or_build
 from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
-from kws.audio_store import open_or_build
-from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of
 from kws.datalist import dictionary_arg, read_data_list
-from kws.distributed import (Dist, choose_device, choose_threads, cleanup, dist_env, exit_with_launcher,
-                             init_distributed, resolve_backend)
+from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of
+from kws.distributed import (
+    Dist,
+    choose_device,
+    choose_threads,
+    cleanup,
+    dist_env,
+    exit_with_launcher,
+    init_distributed,
+    resolve_backend,
+)
 from kws.errors import KwsError
 from kws.fileio import ensure_dir
 from kws.preflight import DEFAULT_GRAD_CLIP, run_preflight

@@ -54,7 +54,8 @@ def main(argv=None):
         stream, offline = fig["streaming"], fig["offline_window_shift"]
         print(f"deployed {token} at {fig['threshold']:g}: streaming FRR {100 * stream['frr']:.2f} % "
               f"({stream['misses']}/{stream['positives']}), {stream['fa_per_hour']:.2f} FA/h "
-              f"({stream['false_alarms']} in {stream['filler_hours']:.2f} h); offline FRR {100 * offline['frr']:.2f} %, "
+              f"({stream['false_alarms']} in {stream['filler_hours']:.2f} h); "
+              f"offline FRR {100 * offline['frr']:.2f} %, "
               f"{offline['fa_per_hour']:.2f} FA/h")
 
 

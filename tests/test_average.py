@@ -148,7 +148,6 @@ def test_cli_error_is_one_line(model_dir, tmp_path):
 
 def test_average_real_model_loads(tmp_path):
     from helpers_train import TINY_CONFIG
-
     from kws.checkpoint import load_model, save_checkpoint
     from kws.model import build_model
 

@@ -6,8 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kws.det import (compute_det, count_false_alarms, count_false_alarms_many, load_metrics, operating_point,
-                     read_stats, thresholds_for)
+from kws.det import (
+    compute_det,
+    count_false_alarms,
+    count_false_alarms_many,
+    load_metrics,
+    operating_point,
+    read_stats,
+    thresholds_for,
+)
 from kws.errors import KwsError
 from kws.intervals import binomial_interval, poisson_interval, rate_interval
 from kws.tables import compare_metrics
@@ -16,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def naive_false_alarms(scores, threshold, window_shift):
-    """WeKws compute_det.py's loop, verbatim in spirit."""
+    """WeKws compute_det.py's false-alarm count restated: a score at or above the threshold counts, then
+    window_shift frames are skipped."""
     count, i = 0, 0
     while i < len(scores):
         if scores[i] >= threshold:
@@ -148,7 +156,8 @@ def test_hand_computed_case(tmp_path):
     assert tsv[0].split("\t")[:4] == ["experiment", "keyword", "fa_per_hour_target", "frr"]
     assert len(tsv) == 1 + 2 * 4
     row = dict(zip(tsv[0].split("\t"), tsv[3].split("\t")))
-    assert (row["fa_per_hour_target"], row["false_rejects"], row["false_alarms"], row["resolved"]) == ("2", "1", "1", "false")
+    assert [row[k] for k in ("fa_per_hour_target", "false_rejects", "false_alarms", "resolved")] == \
+        ["2", "1", "1", "false"]
     md = (out / "metrics.md").read_text()
     assert "| <HI_THERE> | 2 FA/h | 50.00 % (1.3-98.7) \u2020 | 1 / 2 | 0.65 |" in md
     assert "1.33 (0.03-7.43) [1 in 0.75 h]" in md and "not resolved" in md
@@ -194,7 +203,8 @@ def test_keyword_without_positives_is_an_error(tmp_path):
 
 def test_missing_scores_is_an_error(tmp_path):
     _write_case(tmp_path)
-    text = "\n".join(l for l in (tmp_path / "score.txt").read_text().splitlines() if not l.startswith("f2 "))
+    lines = (tmp_path / "score.txt").read_text().splitlines()
+    text = "\n".join(line for line in lines if not line.startswith("f2 "))
     (tmp_path / "score.txt").write_text(text + "\n")
     with pytest.raises(KwsError, match="first: f2"):
         compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "o")

@@ -166,7 +166,7 @@ def test_english_corpus_records_engines_and_keeps_speakers_apart(english):
         text = read_kaldi_map(out / split / "text")
         said = read_kaldi_map(out / split / "utt2voice")
         assert list(said) == list(text) and "<HEY_KWS>" in text.values()
-        for key, value in said.items():
+        for value in said.values():
             engine, voice = value.split()
             if voice == "mixed":
                 continue

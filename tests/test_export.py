@@ -10,8 +10,15 @@ import torch
 
 from kws.config import load_model_config
 from kws.errors import KwsError
-from kws.export import (EagerRunner, OnnxRunner, TorchScriptRunner, build_metadata, export_artifacts,
-                        recommended_thresholds, verify_exports)
+from kws.export import (
+    EagerRunner,
+    OnnxRunner,
+    TorchScriptRunner,
+    build_metadata,
+    export_artifacts,
+    recommended_thresholds,
+    verify_exports,
+)
 from kws.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +56,8 @@ def make_checkpoint(root, seed=0):
         n = 6000 + 2500 * i
         x = 0.05 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * (300 + 200 * i) * np.arange(n) / 16000)
         soundfile.write(str(root / f"u{i}.wav"), x.astype(np.float32), 16000, subtype="PCM_16")
-        lines.append(json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000, "wav": str(root / f"u{i}.wav")}))
+        lines.append(json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000,
+                                 "wav": str(root / f"u{i}.wav")}))
     (root / "data.list").write_text("\n".join(lines) + "\n")
     metrics = {"fa_targets": [0.5, 1.0], "keywords": {
         "hi_xiaowen": {"token": "<HI_XIAOWEN>", "name": "hi_xiaowen", "operating_points": [
@@ -299,10 +307,10 @@ def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
     from kws.datalist import read_dictionary
     from kws.det import read_scores
     table = read_scores(score, read_dictionary(root / "words.txt"))
+    points = {token: round(float(np.percentile(np.concatenate(list(v.values())), 40)), 2) for token, v in table.items()}
     metrics = {"fa_targets": [1.0], "keywords": {
-        token.strip("<>").lower(): {"token": token, "operating_points": [{
-            "fa_per_hour_target": 1.0, "threshold": round(float(np.percentile(np.concatenate(list(v.values())), 40)), 2)}]}
-        for token, v in table.items()}}
+        token.strip("<>").lower(): {"token": token, "operating_points": [{"fa_per_hour_target": 1.0, "threshold": t}]}
+        for token, t in points.items()}}
     (root / "metrics.json").write_text(json.dumps(metrics))
     report = export_model(root / "avg.pt", root / "words.txt", tmp_path / "out", root / "data.list",
                           metrics=root / "metrics.json", num_utts=2, score=score, refractory=0.05, window_shift=3,

@@ -90,7 +90,8 @@ def test_visible_set_sources(monkeypatch):
 
 
 def test_wrapper_exit_status_port_placeholder_and_no_gpus(tmp_path):
-    code = "import os, sys; print(sys.argv[1], os.environ['KWS_FREE_PORT'], os.environ.get('CUDA_VISIBLE_DEVICES')); sys.exit(3)"
+    code = ("import os, sys; print(sys.argv[1], os.environ['KWS_FREE_PORT'], os.environ.get('CUDA_VISIBLE_DEVICES'));"
+            " sys.exit(3)")
     env = dict(ENV)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     result = subprocess.run([sys.executable, "-m", "kws.gpu", "--gpus", "0", "--lock-dir", str(tmp_path), "--",

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from kws.errors import KwsError
-from kws.plots import (experiment_from_stats, group_stats_by_experiment, keyword_from_stats, plot_det,
-                       plot_det_compare, plot_training)
+from kws.plots import (
+    experiment_from_stats,
+    group_stats_by_experiment,
+    keyword_from_stats,
+    plot_det,
+    plot_det_compare,
+    plot_training,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

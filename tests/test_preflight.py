@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from kws.errors import KwsError
-from kws.preflight import (CudaInfo, check_port, describe_port_holder, find_free_port, parse_gpus,
-                           port_is_free, run_preflight)
+from kws.preflight import (
+    CudaInfo,
+    check_port,
+    describe_port_holder,
+    find_free_port,
+    parse_gpus,
+    port_is_free,
+    run_preflight,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"dataset_conf": {}, "model": {}, "training_config": {"grad_clip": 5, "max_epoch": 1}}
@@ -144,7 +151,8 @@ def test_port_in_use_names_the_holder(listener):
     port = listener
     assert not port_is_free(port)
     assert f"pid {os.getpid()}" in describe_port_holder(port)
-    with pytest.raises(KwsError, match=rf"port {port} is already in use \(held by pid {os.getpid()} .*--master_port \d+"):
+    held = rf"port {port} is already in use \(held by pid {os.getpid()} .*--master_port \d+"
+    with pytest.raises(KwsError, match=held):
         preflight(ns(master_port=port))
     chosen, warning = check_port(port, choose=True)
     assert chosen != port and port_is_free(chosen) and f"using --master_port {chosen}" in warning

@@ -14,6 +14,7 @@ import sys
 import pytest
 from slurm import cluster as cluster_module
 from slurm.cluster import Cluster, ClusterUnavailable
+
 from workflow_utils import TINY_CONFIG, make_workdir, write_config
 
 pytestmark = pytest.mark.slow

@@ -109,7 +109,8 @@ def test_training_reads_both_generations_to_the_same_labels(scored, tmp_path):
 @pytest.mark.parametrize("lines, message", [
     (['{"key": "a", "txt": "<HELLO>", "duration": 1, "wav": "a.wav"}'],
      r"data\.list:1: txt '<HELLO>' is not a token of the dictionary$"),
-    (['{"key": "a", "txt": 0, "duration": 1, "wav": "a.wav"}', '{"key": "b", "txt": "<YO>", "duration": 1, "wav": "b"}'],
+    (['{"key": "a", "txt": 0, "duration": 1, "wav": "a.wav"}',
+      '{"key": "b", "txt": "<YO>", "duration": 1, "wav": "b"}'],
      r"data\.list:2: txt is a token but line 1 has an integer keyword id"),
     (['{"key": "a", "txt": "", "duration": 1, "wav": "a.wav"}'], r"data\.list:1: txt must be a keyword token"),
     (['{"key": "a", "txt": 2, "duration": 1, "wav": "a.wav"}'], r"data\.list:1: label 2 is not a keyword id"),

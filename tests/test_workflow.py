@@ -143,7 +143,8 @@ def test_a_gpu_training_cuda_cannot_use_stops_instead_of_training_on_the_cpu(tmp
     log = (root / "results" / "smoke" / "logs" / "train.tiny.log").read_text()
     assert "CUDA_VISIBLE_DEVICES=99" in log
     assert "error: --gpus 0: CUDA cannot use any device here" in log
-    assert "training finished" not in log and not (root / "results" / "smoke" / "tiny" / "model" / "final.yaml").exists()
+    assert "training finished" not in log
+    assert not (root / "results" / "smoke" / "tiny" / "model" / "final.yaml").exists()
 
 
 def test_lint_and_format_are_clean():
@@ -156,6 +157,19 @@ def test_lint_and_format_are_clean():
         pytest.skip("snakefmt not installed")
     fmt = subprocess.run(["snakefmt", "--check", "workflow"], cwd=REPO, capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stderr
+
+
+def test_test_config_plans_the_tiny_pipeline():
+    """`snakemake --directory .test` (snakemake-workflows' test config) runs the tiny pipeline from the
+    checkout itself: its config/config.yaml is found, its model path resolves, every stage is planned."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--directory", ".test", "--cores", "2", "-n", "--forceall"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = planned_jobs(result)
+    assert jobs["train"] == 1 and jobs["export_model"] == 1 and jobs["all"] == 1, jobs
+    assert "results/tiny/export/model.onnx" in result.stdout
 
 
 # ---------------------------------------------------------------- the tiny pipeline, end to end
@@ -195,7 +209,10 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"det/step": 0.02}, SCORING_ONWARD),
         ({"average/num": 1}, AVERAGING_ONWARD),
         ({"average/mode": "last"}, AVERAGING_ONWARD),
-        ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}}, TRAIN_ONWARD),
+        (
+            {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}},
+            TRAIN_ONWARD,
+        ),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "optim_conf.lr": 0.01}}, TRAIN_ONWARD),
         ({"experiments/tiny/overrides": {"training_config.max_epoch": 2, "model.hidden_dim": 24}}, TRAIN_ONWARD),
         ({"train/seed": 667}, TRAIN_ONWARD),
@@ -203,7 +220,12 @@ def test_second_run_has_nothing_to_do(completed_run):
         # Swapped values: Snakemake alone would not notice (params compare values without names).
         ({"train/seed": 5, "train/min_duration": 666}, TRAIN_ONWARD),
         (
-            {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "dataset_conf.fbank_conf.num_mel_bins": 32}},
+            {
+                "experiments/tiny/overrides": {
+                    "training_config.max_epoch": 2,
+                    "dataset_conf.fbank_conf.num_mel_bins": 32,
+                }
+            },
             TRAIN_ONWARD | {"compute_cmvn"},
         ),
         ({"corpus/seed": 1}, TRAIN_ONWARD | DATA_JOBS | {"compute_cmvn"}),

@@ -51,7 +51,7 @@ def wekws_compute_det(keyword, data_list, score_file, step=0.01, window_shift=50
                     i += 1
         frr = rejected / len(positives)
         fa_per_hour = max(alarms, 1e-6) / (filler_seconds / 3600.0)
-        lines.append("{:.6f} {:.6f} {:.6f}\n".format(threshold, fa_per_hour, frr))
+        lines.append(f"{threshold:.6f} {fa_per_hour:.6f} {frr:.6f}\n")
         threshold += step
     return "".join(lines)
 

@@ -10,23 +10,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The tiny pipeline: seconds of synthetic audio, a 2-layer model, 2 epochs, 2 gloo processes.
-TINY_CONFIG = {
-    "results_dir": "results",
-    "corpus": {"name": "synthetic", "size": "tiny", "augment": True, "seed": 666},
-    "experiments": {
-        "tiny": {
-            "model": "config/models/tiny.yaml",
-            "overrides": {"training_config.max_epoch": 2},
-            "gpus": 0,
-            "processes": 2,
-        }
-    },
-    "train": {"seed": 666, "min_duration": 5},
-    "average": {"num": 2, "mode": "best"},
-    "score": {"batch_size": 16},
-    "det": {"step": 0.01, "window_shift": 50},
-}
+# The tiny pipeline (seconds of synthetic audio, a 2-layer model, 2 epochs, 2 gloo processes): the config
+# that `snakemake --directory .test` runs, one source for both.
+TEST_CONFIG = REPO / ".test" / "config" / "config.yaml"
+TINY_CONFIG = yaml.safe_load(TEST_CONFIG.read_text())
 
 
 def make_workdir(root, config=None):

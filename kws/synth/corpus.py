@@ -394,7 +394,9 @@ def _worker_main(conn, tmp_root, augment):
         if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests
             os._exit(9)
         warnings = []
-        records = render_chunk(chunk, tmp_root, augment, lambda message: warnings.append(f"warning: {message}"))
+        # render_chunk calls the lambda before this iteration ends: it appends to this chunk's list.
+        records = render_chunk(chunk, tmp_root, augment,
+                               lambda message: warnings.append(f"warning: {message}"))  # noqa: B023
         conn.send((chunk["id"], records, warnings))
     conn.close()
 
