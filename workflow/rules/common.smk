@@ -298,6 +298,14 @@ def det_args():
     return f"--step {d['step']:g} --window-shift {d['window_shift']} --fa-targets {targets}"
 
 
+def export_args():
+    """The export's thresholds: the operating point at 1 FA/h, or at the first target when 1 is not listed."""
+    d = config["det"]
+    targets = [float(x) for x in d["fa_targets"]]
+    target = 1.0 if 1.0 in targets else targets[0]
+    return f"--fa-target {target:g} --window-shift {d['window_shift']}"
+
+
 def synth_args():
     c = CORPUS
     train = c["train_utterances"]

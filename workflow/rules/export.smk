@@ -30,7 +30,7 @@ rule export_model:
     params:
         out_dir=lambda wildcards, output: Path(output.onnx).parent,
         # the deployed detector (kws-detect's defaults) runs over the whole test split, streams included
-        args=f"--window-shift {config['det']['window_shift']}",
+        args=export_args(),
     shell:
         "python {input.script} --checkpoint {input.model} --dict {input.words} --metrics {input.metrics}"
         " --test-data {input.test} --score {input.score} {params.args} --threads {threads}"
