@@ -103,7 +103,7 @@ class Detector:
 
 def resolve_thresholds(meta, specs):
     """Thresholds per keyword (index order): metadata, then `--threshold` values (global, then KW=value)."""
-    from kws.export import slug
+    from kws.keywords import keyword_slug as slug
 
     keywords = list(meta["keywords"])
     values = {kw: float(meta.get("thresholds", {}).get(kw, 0.5)) for kw in keywords}

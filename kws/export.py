@@ -31,6 +31,7 @@ from torch import nn
 
 from kws.errors import KwsError
 from kws.features import fbank_settings
+from kws.keywords import keyword_slug as slug
 
 FORMAT = "kwsflow-streaming-kws"
 FORMAT_VERSION = 1
@@ -55,13 +56,6 @@ class StreamingWrapper(nn.Module):
 
 
 # --------------------------------------------------------------------------- thresholds
-
-def slug(token):
-    """`<HI_XIAOWEN>` -> `hi_xiaowen`, the spelling kws.det uses for keyword names."""
-    from kws.det import keyword_slug
-
-    return keyword_slug(str(token))
-
 
 def _keyword_entries(metrics):
     """(name, entry) pairs from the shapes metrics.json may take: a list of keyword dicts

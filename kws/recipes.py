@@ -13,36 +13,22 @@ corpus with a problem leaves no output behind. Problems are KwsErrors naming the
 
 import json
 import os
-import re
 from collections import Counter
 from pathlib import Path
 
 from kws.datalist import FILLER, read_dictionary, read_kaldi_map
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
+from kws.keywords import MOBVOI_KEYWORDS, SNIPS_KEYWORDS, SPEECH_COMMANDS_DEFAULT, keyword_token
 
 SPLITS = ("train", "dev", "test")
 FILLER_TOKEN = "<FILLER>"
 CORPORA = ("mobvoi", "speech_commands", "snips", "kaldi")
 
-MOBVOI_KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")
-SNIPS_KEYWORDS = ("<HEY_SNIPS>",)
-SPEECH_COMMANDS_DEFAULT = ("yes", "no")
 SPEECH_COMMANDS_BACKGROUND = "_background_noise_"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def keyword_token(word):
-    """`yes` -> `<YES>`, `hey snips` -> `<HEY_SNIPS>`; a token already in <...> is kept."""
-    word = str(word).strip()
-    if re.fullmatch(r"<\S+>", word):
-        return word
-    name = re.sub(r"[^0-9A-Za-z]+", "_", word).strip("_").upper()
-    if not name:
-        raise KwsError(f"keyword {word!r}: cannot make a token from it")
-    return f"<{name}>"
 
 
 def _require_dir(path):

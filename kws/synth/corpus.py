@@ -26,7 +26,6 @@ from kws.errors import KwsError
 
 SPLITS = ("train", "dev", "test")
 HELDOUT_SPLIT = "test_engine"  # the test split of the held-out engine (corpus.heldout_engine)
-KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")  # the default corpus's
 FILLER = "<FILLER>"
 SAMPLE_RATE = 16000
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.features import fbank_settings
+from kws.keywords import corpus_keywords
 from kws.launch import (
     check_gpu_budget,
     gpus_argument,
@@ -39,15 +40,6 @@ SPLITS = ["train", "dev", "test"] + (
 EVAL_SPLITS = [s for s in SPLITS if s.startswith("test")]
 EXPERIMENTS = sorted(config["experiments"])
 
-# Keyword tokens per corpus (the recipe writes the same into dict/words.txt).
-DEFAULT_KEYWORDS = {
-    "synthetic": ["hi_xiaowen", "nihao_wenwen"],
-    "mobvoi": ["hi_xiaowen", "nihao_wenwen"],
-    "snips": ["hey_snips"],
-    "speech_commands": ["yes", "no"],
-    "kaldi": [],
-}
-
 
 wildcard_constraints:
     exp="|".join(EXPERIMENTS),
@@ -68,14 +60,10 @@ if CORPUS["name"] != "synthetic" and not CORPUS["root"]:
 
 def keywords():
     """Keyword names (lower case, no brackets) of the configured corpus."""
-    if (
-        CORPUS["name"] == "synthetic"
-    ):  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
-        return phrase_keywords(CORPUS["language"], CORPUS["keywords"])
-    words = CORPUS["keywords"] or DEFAULT_KEYWORDS[CORPUS["name"]]
-    if not words:
-        fail("config: corpus.keywords must list the keywords of a kaldi corpus")
-    return [w.strip("<>").lower() for w in words]
+    try:
+        return corpus_keywords(CORPUS)
+    except KwsError as err:
+        fail(str(err))
 
 
 def workdir_path(path):
