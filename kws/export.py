@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from kws.errors import KwsError
-from kws.features import fbank_settings
+from kws.features import fbank_conf_of
 from kws.keywords import keyword_slug as slug
 
 FORMAT = "kwsflow-streaming-kws"
@@ -133,7 +133,7 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     if len(keywords) != model.num_keywords:
         raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
     cache = model.init_cache(1)
-    fbank = dict(fbank_settings((config.get("dataset_conf") or {}).get("fbank_conf")))
+    fbank = dict(fbank_conf_of(config.get("dataset_conf") or {}))
     training_dither = fbank.pop("dither", 0.0)
     fbank.update({"dither": 0.0, "training_dither": training_dither, "sample_rate": SAMPLE_RATE,
                   "snip_edges": True, "energy_floor": 0.0, "waveform_scale": 32768,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kws.config import load_model_config
 from kws.errors import KwsError
-from kws.features import fbank_settings
+from kws.features import cmvn_fbank
+from kws.features import feature_tag as fbank_tag
 from kws.keywords import corpus_keywords
 from kws.launch import (
     check_gpu_budget,
@@ -108,15 +109,12 @@ def model_conf(exp):
 
 def fbank_conf(exp):
     """The fbank settings CMVN depends on (dither is a training-time setting)."""
-    settings = fbank_settings(model_conf(exp)["dataset_conf"].get("fbank_conf"))
-    settings.pop("dither")
-    return settings
+    return cmvn_fbank(model_conf(exp)["dataset_conf"])
 
 
 def feature_tag(exp):
     """A readable folder name per feature setting, so experiments with equal features share CMVN."""
-    f = fbank_conf(exp)
-    return f"fbank{f['num_mel_bins']}_{f['frame_length']:g}ms_{f['frame_shift']:g}ms"
+    return fbank_tag(fbank_conf(exp))
 
 
 FEATURES = {feature_tag(exp): fbank_conf(exp) for exp in EXPERIMENTS}
