@@ -133,9 +133,9 @@ def _rendezvous_port(head):
     """A free port when the rendezvous host is this one (the batch step runs on the job's first node)."""
     if socket.gethostname().split(".")[0] != head.split(".")[0]:
         return RDZV_PORT
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    from kws.preflight import ephemeral_port
+
+    return ephemeral_port()
 
 
 def launch_multinode(nodes, nproc_per_node, gpus, command, environ=None, job=None):

@@ -235,8 +235,13 @@ def find_free_port(start=DEFAULT_MASTER_PORT + 1, host="", tries=200):
     for port in range(max(1024, start), min(65535, start + tries)):
         if port_is_free(port, host):
             return port
+    return ephemeral_port()
+
+
+def ephemeral_port(host=""):
+    """A TCP port the kernel finds free now on `host` ("" = all addresses); nothing holds it afterwards."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
