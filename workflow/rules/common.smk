@@ -13,6 +13,7 @@ from kws.features import feature_tag as fbank_tag
 from kws.keywords import corpus_keywords
 from kws.launch import (
     check_gpu_budget,
+    gpu_launcher,
     gpus_argument,
     import_kws_from,
     slurm_resources,
@@ -150,6 +151,9 @@ def train_processes(exp):
     return e["gpus"] if e["gpus"] > 0 else e["processes"]
 
 
+GPU_LOCKS = f"{RESULTS}/.gpu-locks"
+
+
 def launcher(exp):
     """The command that starts training: torchrun (through srun on several nodes, with GPU locks)."""
     e = experiment(exp)
@@ -157,8 +161,13 @@ def launcher(exp):
         gpus=e["gpus"],
         processes=train_processes(exp),
         nodes=e["nodes"],
-        lock_dir=f"{RESULTS}/.gpu-locks",
+        lock_dir=GPU_LOCKS,
     )
+
+
+def score_launcher():
+    """The prefix that runs scoring on a locked GPU (the lock folder training's GPUs are locked in), or none."""
+    return gpu_launcher(1, GPU_LOCKS) if config["score"]["gpu"] else ""
 
 
 def gpu_budget():
