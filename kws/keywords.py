@@ -1,22 +1,10 @@
 """Keyword tokens and names: the one rule from a word to its token (`hey snips` -> `<HEY_SNIPS>`) and from a
-token to its name (`<HEY_SNIPS>` -> `hey_snips`, the part of file names such as det/stats.<name>.txt), and
-the keywords each corpus has by default. Used by the recipes, the synthesiser, DET, export and the workflow."""
+token to its name (`<HEY_SNIPS>` -> `hey_snips`, the part of file names such as det/stats.<name>.txt).
+Used by the recipes, the synthesiser, DET, export, detection and the workflow (kws.recipes.corpus_keywords)."""
 
 import re
 
 from kws.errors import KwsError
-
-MOBVOI_KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")
-SNIPS_KEYWORDS = ("<HEY_SNIPS>",)
-SPEECH_COMMANDS_DEFAULT = ("yes", "no")
-# A corpus's keywords when the config's corpus.keywords is empty (a kaldi corpus has to name them).
-DEFAULT_KEYWORDS = {
-    "synthetic": MOBVOI_KEYWORDS,
-    "mobvoi": MOBVOI_KEYWORDS,
-    "snips": SNIPS_KEYWORDS,
-    "speech_commands": SPEECH_COMMANDS_DEFAULT,
-    "kaldi": (),
-}
 
 
 def keyword_token(word):
@@ -35,15 +23,3 @@ def keyword_slug(token):
     name = str(token).strip().strip("<>").lower()
     # Only path separators and blanks are replaced.
     return re.sub(r"[\s/\\]+", "_", name) or "keyword"
-
-
-def corpus_keywords(corpus):
-    """Keyword names of the config's corpus section (name, keywords, language), in dictionary order."""
-    if corpus["name"] == "synthetic":  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
-        from kws.synth.phrases import keyword_names
-
-        return keyword_names(corpus["language"], corpus["keywords"])
-    words = corpus["keywords"] or DEFAULT_KEYWORDS[corpus["name"]]
-    if not words:
-        raise KwsError("config: corpus.keywords must list the keywords of a kaldi corpus")
-    return [keyword_slug(keyword_token(word)) for word in words]

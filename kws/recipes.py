@@ -19,12 +19,23 @@ from pathlib import Path
 from kws.datalist import FILLER, read_dictionary, read_kaldi_map
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
-from kws.keywords import MOBVOI_KEYWORDS, SNIPS_KEYWORDS, SPEECH_COMMANDS_DEFAULT, keyword_token
+from kws.keywords import keyword_slug, keyword_token
 
 SPLITS = ("train", "dev", "test")
 FILLER_TOKEN = "<FILLER>"
 CORPORA = ("mobvoi", "speech_commands", "snips", "kaldi")
 
+MOBVOI_KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")
+SNIPS_KEYWORDS = ("<HEY_SNIPS>",)
+SPEECH_COMMANDS_DEFAULT = ("yes", "no")
+# A corpus's keywords when the config's corpus.keywords is empty (a kaldi corpus has to name them).
+DEFAULT_KEYWORDS = {
+    "synthetic": MOBVOI_KEYWORDS,
+    "mobvoi": MOBVOI_KEYWORDS,
+    "snips": SNIPS_KEYWORDS,
+    "speech_commands": SPEECH_COMMANDS_DEFAULT,
+    "kaldi": (),
+}
 SPEECH_COMMANDS_BACKGROUND = "_background_noise_"
 
 
@@ -361,3 +372,15 @@ def prepare_corpus(corpus, root, out_dir, keywords=None):
     if corpus == "kaldi":
         return prepare_kaldi(root, out_dir, keywords)
     raise KwsError(f"--corpus: unknown corpus {corpus!r} (choose from {', '.join(CORPORA)})")
+
+
+def corpus_keywords(corpus):
+    """Keyword names of the config's corpus section (name, keywords, language), in dictionary order."""
+    if corpus["name"] == "synthetic":  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
+        from kws.synth.phrases import keyword_names
+
+        return keyword_names(corpus["language"], corpus["keywords"])
+    words = corpus["keywords"] or DEFAULT_KEYWORDS[corpus["name"]]
+    if not words:
+        raise KwsError("config: corpus.keywords must list the keywords of a kaldi corpus")
+    return [keyword_slug(keyword_token(word)) for word in words]

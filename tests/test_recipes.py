@@ -287,7 +287,8 @@ def test_cli(tmp_path, make_wav):
 
 
 def test_corpus_keywords_are_the_names_det_writes():
-    from kws.keywords import corpus_keywords, keyword_slug
+    from kws.keywords import keyword_slug
+    from kws.recipes import corpus_keywords
 
     assert corpus_keywords({"name": "mobvoi", "keywords": []}) == ["hi_xiaowen", "nihao_wenwen"]
     assert corpus_keywords({"name": "speech_commands", "keywords": ["yes", "Up"]}) == ["yes", "up"]

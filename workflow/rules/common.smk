@@ -10,7 +10,7 @@ from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.features import cmvn_fbank
 from kws.features import feature_tag as fbank_tag
-from kws.keywords import corpus_keywords
+from kws.recipes import corpus_keywords
 from kws.launch import (
     check_gpu_budget,
     gpu_launcher,
