@@ -33,7 +33,7 @@ DEFAULT_REFRACTORY = 1.0
 class Detector:
     """Feed audio with `accept(samples)`; returns the detections that the new audio completed.
 
-    `runner` is a `kws.export` runner (meta, init_cache(), run(feats, cache)). `thresholds` is a list
+    `runner` is a `kws.runners` runner (meta, init_cache(), run(feats, cache)). `thresholds` is a list
     with one threshold per keyword (index order). With `keep_posteriors`, `posteriors()` returns all
     frame posteriors so far [T, K].
     """
@@ -187,7 +187,7 @@ def parse_args(argv=None):
 
 @cli
 def main(argv=None):
-    from kws.export import load_exported
+    from kws.runners import load_exported
 
     args = parse_args(argv)
     if not args.chunk_ms > 0:
