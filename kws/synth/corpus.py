@@ -10,19 +10,17 @@ a held-out engine's voices form a split of their own, test_engine.
 """
 
 import json
-import multiprocessing
 import os
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections import deque
 from fractions import Fraction
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.pool import WorkerPool
 
 SPLITS = ("train", "dev", "test")
 HELDOUT_SPLIT = "test_engine"  # the test split of the held-out engine (corpus.heldout_engine)
@@ -40,7 +38,6 @@ VOICE_SHARE = {"train": 0.7, "dev": 0.15, "test": 0.15}
 SPEEDS = (0.9, 0.95, 1.05, 1.1)  # speed perturbation factors of augmented utterances
 CHUNK_REQUESTS = 24  # synthesis requests per worker job (fixed: the output must not depend on it varying)
 BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
-MAX_WORKER_DEATHS = 2  # a chunk whose worker process died this often is skipped
 
 
 class CorpusSpec(dict):
@@ -379,23 +376,6 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
-def _worker_main(conn, tmp_root, augment):
-    from kws.synth.espeak import engine
-
-    engine()  # initialise once; every chunk forks from this state
-    while True:
-        job = conn.recv()
-        if job is None:
-            break
-        chunk, attempt = job
-        if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests
-            os._exit(9)
-        warnings = []
-        records = render_chunk(chunk, tmp_root, augment, lambda message: warnings.append(f"warning: {message}"))
-        conn.send((chunk["id"], records, warnings))
-    conn.close()
-
-
 def keyword_seconds(size="default", seed=666, split="test", augment=True):
     """Seconds of speech of the keyword in each positive utterance of `split`, as rendered.
 
@@ -424,88 +404,6 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
 
 
 # --- orchestration ---------------------------------------------------------------------------------
-class _Pool:
-    """Spawned workers fed one chunk at a time; a worker that dies is replaced and its chunk retried."""
-
-    def __init__(self, threads, tmp_root, augment, log):
-        self.ctx = multiprocessing.get_context("spawn")
-        self.threads, self.tmp_root, self.augment, self.log = threads, str(tmp_root), augment, log
-        self.workers = []
-
-    def _start(self):
-        parent, child = self.ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update({k: "1" for k in saved})
-        try:
-            proc = self.ctx.Process(target=_worker_main, args=(child, self.tmp_root, self.augment), daemon=True)
-            proc.start()
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        child.close()
-        worker = {"proc": proc, "conn": parent, "job": None}
-        self.workers.append(worker)
-        return worker
-
-    def run(self, chunks):
-        pending = deque((chunk, 0) for chunk in chunks)
-        results = {}
-        try:
-            while pending or any(w["job"] for w in self.workers):
-                while pending and len(self.workers) < min(self.threads, len(chunks)):
-                    self._start()
-                for worker in self.workers:
-                    if worker["job"] is None and pending:
-                        worker["job"] = pending.popleft()
-                        worker["conn"].send(worker["job"])
-                busy = [w for w in self.workers if w["job"] is not None]
-                ready = wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy])
-                for worker in busy:
-                    if worker["conn"] in ready:
-                        try:
-                            chunk_id, records, warnings = worker["conn"].recv()
-                        except (EOFError, OSError):
-                            self._died(worker, pending, results)
-                            continue
-                        for message in warnings:
-                            self.log(message)
-                        results[chunk_id] = records
-                        worker["job"] = None
-                    elif worker["proc"].sentinel in ready:
-                        self._died(worker, pending, results)
-        finally:
-            self.close()
-        return [results[chunk["id"]] for chunk in chunks]
-
-    def _died(self, worker, pending, results):
-        chunk, attempt = worker["job"]
-        worker["proc"].join()
-        code = worker["proc"].exitcode
-        self.workers.remove(worker)
-        worker["conn"].close()
-        if attempt + 1 < MAX_WORKER_DEATHS:
-            self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']}; retrying it")
-            pending.appendleft((chunk, attempt + 1))
-        else:
-            self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']} again; "
-                     f"skipping its {len(chunk['items'])} items")
-            results[chunk["id"]] = [{"key": i["key"], "split": i["split"], "skipped": True} for i in chunk["items"]]
-
-    def close(self):
-        for worker in self.workers:
-            try:
-                worker["conn"].send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        for worker in self.workers:
-            worker["proc"].join(timeout=10)
-            if worker["proc"].is_alive():
-                worker["proc"].kill()
-                worker["proc"].join()
-            worker["conn"].close()
-        self.workers = []
-
-
 def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None, _faults=None,
                       train_utterances=None, spec=None):
     """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin).
@@ -540,8 +438,8 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
     try:
         for split in splits:
             (tmp_root / "wav" / split).mkdir(parents=True)
-        records = [r for chunk_records in _Pool(threads, tmp_root, augment, log).run(chunks)
-                   for r in chunk_records]
+        pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
+        records = [r for chunk_records in pool.run(chunks) for r in chunk_records]
         by_split = {split: sorted((r for r in records if r["split"] == split and not r.get("skipped")),
                                   key=lambda r: r["key"]) for split in splits}
         skipped = [r["key"] for r in records if r.get("skipped")]
