@@ -410,9 +410,9 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
 
     _faults (tests): {"crash": {key: "once"|"always"}, "kill_worker": {key, ...}}.
     """
-    from kws.datalist import write_dictionary
     from kws.fileio import atomic_open, ensure_dir
     from kws.synth.phrases import make_profile
+    from kws.synth.tables import remove_tables, write_tables
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     if threads < 1:
@@ -447,10 +447,7 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
             if not by_split[split]:
                 raise KwsError(f"{out_text}: no utterance of the {split} split could be synthesised")
         # commit: stale lists first, then the audio, then the lists (a reader sees all or nothing)
-        for split in SPLITS + (HELDOUT_SPLIT,):
-            for name in ("wav.scp", "text", "wav.dur", "data.list", "utt2voice"):
-                (out / split / name).unlink(missing_ok=True)
-        (out / "dict" / "words.txt").unlink(missing_ok=True)
+        remove_tables(out, SPLITS + (HELDOUT_SPLIT,))
         ensure_dir(out / "wav")
         for split in splits:
             final = out / "wav" / split
@@ -461,16 +458,7 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
         with atomic_open(out / "synth_info.json") as handle:
             json.dump(summary, handle, indent=1, ensure_ascii=False, sort_keys=True)
             handle.write("\n")
-        write_dictionary(out / "dict" / "words.txt", tokens, filler=FILLER)
-        for split in splits:
-            # who spoke each utterance: make_list copies it into data.list (engine, voice fields)
-            with atomic_open(out / split / "utt2voice") as handle:
-                handle.writelines(f"{r['key']} {r['engine']} {r['voice']}\n" for r in by_split[split])
-            with atomic_open(out / split / "text") as handle:
-                handle.writelines(f"{r['key']} {r['token']}\n" for r in by_split[split])
-            with atomic_open(out / split / "wav.scp") as handle:
-                handle.writelines(f"{r['key']} {os.path.join(out_text, 'wav', split, r['key'] + '.wav')}\n"
-                                  for r in by_split[split])
+        write_tables(out, out_text, tokens, FILLER, by_split)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
     summary["seconds_taken"] = round(time.monotonic() - started, 1)
