@@ -20,6 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.faults import mark as mark_faults
 from kws.synth.pool import WorkerPool
 
 SPLITS = ("train", "dev", "test")
@@ -404,12 +405,9 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
 
 
 # --- orchestration ---------------------------------------------------------------------------------
-def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None, _faults=None,
+def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None,
                       train_utterances=None, spec=None):
-    """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin).
-
-    _faults (tests): {"crash": {key: "once"|"always"}, "kill_worker": {key, ...}}.
-    """
+    """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin)."""
     from kws.fileio import atomic_open, ensure_dir
     from kws.synth.phrases import make_profile
     from kws.synth.tables import remove_tables, write_tables
@@ -423,14 +421,9 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
     tokens = list(make_profile(spec["language"], spec["keywords"]).tokens)
     plan, voices = plan_corpus(size, seed, augment, train_utterances, spec)
     chunks = make_chunks(plan, seed, augment, spec)
-    faults = _faults or {}
     for chunk in chunks:
         chunk["speaker_augment"] = spec["speaker_augment"]
-        for item in chunk["items"]:
-            if item["key"] in faults.get("crash", {}):
-                item["requests"][0]["_crash"] = faults["crash"][item["key"]]
-            if item["key"] in faults.get("kill_worker", ()):
-                chunk["_kill_worker"] = True
+    mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"
     out = ensure_dir(Path(out_text))

@@ -24,7 +24,7 @@ def _worker_main(conn, work, args):
         if job is None:
             break
         chunk, attempt = job
-        if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests
+        if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests (kws.synth.faults)
             os._exit(9)
         warnings = []
         records = work(chunk, *args, lambda message: warnings.append(f"warning: {message}"))
