@@ -22,7 +22,6 @@ from kws.launch import (
 from kws.launch import train_mem_mb as kws_train_mem_mb
 from kws.sourcecode import imported_files
 from kws.synth.corpus import CorpusSpec
-from kws.synth.phrases import keyword_names as phrase_keywords
 
 REPO = Path(workflow.basedir).parent
 SCRIPTS = REPO / "scripts"
@@ -318,7 +317,7 @@ if CORPUS["name"] == "synthetic":
             CORPUS["heldout_engine"],
             CORPUS["speaker_augment"],
         )
-        phrase_keywords(CORPUS["language"], CORPUS["keywords"])
+        corpus_keywords(CORPUS)
     except KwsError as err:
         fail(str(err))
 
