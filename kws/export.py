@@ -214,23 +214,15 @@ def write_torchscript(wrapper, meta, path):
 
 # --------------------------------------------------------------------------- runners
 
-class EagerRunner:
-    """The PyTorch model itself (reference for the export check, and the benchmark's baseline)."""
+class EagerRunner(TorchScriptRunner):
+    """The PyTorch model itself (reference for the export check, and the benchmark's baseline): run as
+    the TorchScript runner runs its module."""
 
     backend = "pytorch"
 
     def __init__(self, model, meta):
-        self.wrapper = StreamingWrapper(model).eval()
+        self.module = StreamingWrapper(model).eval()
         self.meta = meta
-
-    def init_cache(self):
-        return torch.zeros(self.meta["cache_shape"])
-
-    def run(self, feats, cache):
-        feats = torch.as_tensor(feats, dtype=torch.float32)
-        with torch.inference_mode():
-            posteriors, new_cache = self.wrapper(feats, cache)
-        return posteriors.numpy(), new_cache
 
 
 # --------------------------------------------------------------------------- verification
