@@ -10,7 +10,6 @@ from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.features import cmvn_fbank
 from kws.features import feature_tag as fbank_tag
-from kws.recipes import corpus_keywords
 from kws.launch import (
     check_gpu_budget,
     gpu_launcher,
@@ -20,6 +19,7 @@ from kws.launch import (
     train_launcher,
 )
 from kws.launch import train_mem_mb as kws_train_mem_mb
+from kws.recipes import corpus_keywords
 from kws.sourcecode import imported_files
 from kws.synth.corpus import CorpusSpec
 
