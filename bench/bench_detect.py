@@ -105,7 +105,8 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    from kws.export import EagerRunner, load_exported
+    from kws.export import EagerRunner
+    from kws.runners import load_exported
 
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(int(args.seconds * 16000))).astype(np.float32)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kws.errors import KwsError
-from kws.fileio import file_digest
+from kws.fileio import current_umask, file_digest
 
 FORMAT = "kwsflow-audio-store"
 VERSION = 1
@@ -83,9 +83,7 @@ def build_store(data_list, out_dir, threads=1, items=None):
                 "data_list_sha256": file_digest(data_list) if data_list.is_file() else None}
         with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a store is an ordinary output folder
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; a store is an ordinary output folder
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

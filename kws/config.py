@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 from kws.errors import KwsError
+from kws.features import fbank_conf_of
 
 
 def load_yaml(path):
@@ -87,31 +88,6 @@ def _mapping(parent, key, where):
     if not isinstance(value, dict):
         raise KwsError(f"{where}.{key}: expected a mapping, got {value!r}")
     return value
-
-
-def fbank_conf_of(dataset_conf, where="dataset_conf"):
-    """The fbank settings of a dataset_conf, defaults filled, from either WeKws layout.
-
-    WeKws HEAD: `feats_type: fbank` (the default) and `fbank_conf`; WeKws's older configs (still its
-    tcn/gru/mdtc.yaml): `feature_extraction_conf: {feature_type: fbank, ...}`. kwsflow computes fbank
-    only, so MFCC is refused rather than silently replaced.
-    """
-    from kws.features import fbank_settings
-
-    feats_type = dataset_conf.get("feats_type", "fbank")
-    if feats_type != "fbank":
-        raise KwsError(f"{where}.feats_type: {feats_type!r} is not supported (kwsflow computes fbank)")
-    conf = dataset_conf.get("fbank_conf")
-    if conf is None and dataset_conf.get("feature_extraction_conf") is not None:
-        conf = dict(dataset_conf["feature_extraction_conf"])
-        kind = conf.pop("feature_type", "fbank")
-        if kind != "fbank":
-            raise KwsError(f"{where}.feature_extraction_conf.feature_type: {kind!r} is not supported (kwsflow "
-                           f"computes fbank; set feature_type: fbank, num_mel_bins the feature dimension)")
-        conf.pop("num_ceps", None)
-    if conf is not None and not isinstance(conf, dict):
-        raise KwsError(f"{where}.fbank_conf: expected a mapping, got {conf!r}")
-    return fbank_settings(conf)
 
 
 def normalise_dataset_conf(dataset_conf, where="dataset_conf"):
@@ -207,7 +183,7 @@ def set_model_dims(config, num_keywords, source="config"):
     """Record model.input_dim (the fbank dimension) and model.output_dim (the keywords), as WeKws's train.py
     does in the config.yaml it writes: its score.py and export scripts build the model from them."""
     model = config["model"]
-    dims = {"input_dim": int(config["dataset_conf"]["fbank_conf"]["num_mel_bins"]), "output_dim": int(num_keywords)}
+    dims = {"input_dim": int(fbank_conf_of(config["dataset_conf"])["num_mel_bins"]), "output_dim": int(num_keywords)}
     for key, value in dims.items():
         if model.get(key, value) != value:
             raise KwsError(f"{source}: model.{key} is {model[key]!r} but the run needs {value} "

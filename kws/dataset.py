@@ -35,17 +35,10 @@ import numpy as np
 import torch
 
 from kws.audio_store import AudioStore, MemoryStore
-from kws.config import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_FILTER,
-    DEFAULT_SHUFFLE_SIZE,
-    DEFAULT_SORT_SIZE,
-    DEFAULT_SPEC_AUG,
-    fbank_conf_of,
-)
+from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import read_data_list, require_labels
 from kws.errors import KwsError
-from kws.features import batch_fbank, num_frames
+from kws.features import batch_fbank, fbank_conf_of, num_frames
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 1, 2, 3, 4

@@ -30,7 +30,7 @@ def _init_worker(model_path, thresholds, refractory, backend):
     import torch
 
     from kws.detect import Detector
-    from kws.export import load_exported
+    from kws.runners import load_exported
 
     torch.set_num_threads(1)
     runner = load_exported(model_path, threads=1, backend=backend)
@@ -131,7 +131,7 @@ def evaluate_deployed(model_path, data_list, dict_path, score_path, refractory, 
     from kws.datalist import keyword_names, read_data_list, read_dictionary
     from kws.det import read_scores
     from kws.detect import Detector
-    from kws.export import load_exported
+    from kws.runners import load_exported
 
     runner = load_exported(model_path, backend=backend)
     meta = runner.meta

@@ -42,7 +42,6 @@ set without filler audio (FA/h undefined).
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +49,7 @@ import numpy as np
 from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
 from kws.intervals import ZERO_EVENTS_UPPER, binomial_interval, rate_interval
+from kws.keywords import keyword_slug
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
 FA_FLOOR = 1e-6
@@ -65,13 +65,6 @@ def thresholds_for(step=0.01):
         count -= 1
     values = np.round(np.arange(count + 1) * step, 10)
     return values[values < 1.0]
-
-
-def keyword_slug(token):
-    """`<HI_XIAOWEN>` -> `hi_xiaowen` (the stats file name part)."""
-    name = token.strip().strip("<>").lower()
-    # Same rule as the workflow's keywords(); only path separators and blanks are replaced.
-    return re.sub(r"[\s/\\]+", "_", name) or "keyword"
 
 
 def stats_name(token):

@@ -33,7 +33,7 @@ DEFAULT_REFRACTORY = 1.0
 class Detector:
     """Feed audio with `accept(samples)`; returns the detections that the new audio completed.
 
-    `runner` is a `kws.export` runner (meta, init_cache(), run(feats, cache)). `thresholds` is a list
+    `runner` is a `kws.runners` runner (meta, init_cache(), run(feats, cache)). `thresholds` is a list
     with one threshold per keyword (index order). With `keep_posteriors`, `posteriors()` returns all
     frame posteriors so far [T, K].
     """
@@ -103,7 +103,7 @@ class Detector:
 
 def resolve_thresholds(meta, specs):
     """Thresholds per keyword (index order): metadata, then `--threshold` values (global, then KW=value)."""
-    from kws.export import slug
+    from kws.keywords import keyword_slug as slug
 
     keywords = list(meta["keywords"])
     values = {kw: float(meta.get("thresholds", {}).get(kw, 0.5)) for kw in keywords}
@@ -187,7 +187,7 @@ def parse_args(argv=None):
 
 @cli
 def main(argv=None):
-    from kws.export import load_exported
+    from kws.runners import load_exported
 
     args = parse_args(argv)
     if not args.chunk_ms > 0:

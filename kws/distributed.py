@@ -33,8 +33,6 @@ import torch.distributed as dist
 
 from kws.errors import KwsError
 
-BACKENDS = ("auto", "nccl", "gloo")
-
 
 class DistributedTimeout(KwsError):
     """A peer did not arrive (or did not reach a barrier) in time; the message names the rank(s)."""
@@ -64,21 +62,13 @@ def _env_int(environ, name, default):
         raise KwsError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def resolve_backend(backend="auto", use_cuda=None):
-    """`auto` -> nccl when CUDA is usable, else gloo. `nccl` without a GPU is a KwsError."""
-    backend = (backend or "auto").lower()
-    if backend not in BACKENDS:
-        raise KwsError(f"unknown distributed backend {backend!r}; use one of {', '.join(BACKENDS)}")
+def resolve_backend(backend="auto", use_cuda=None, no_gpus="CUDA sees none"):
+    """`auto` -> nccl when CUDA is usable (and NCCL there), else gloo (kws.preflight.choose_backend)."""
+    from kws.preflight import choose_backend
+
     if use_cuda is None:
         use_cuda = torch.cuda.is_available()
-    if backend == "auto":
-        return "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
-    if backend == "nccl":
-        if not use_cuda:
-            raise KwsError("dist_backend nccl needs GPUs but CUDA sees none; use gloo (or auto) to train on CPU")
-        if not dist.is_nccl_available():
-            raise KwsError("dist_backend nccl requested but this torch build has no NCCL; use gloo (or auto)")
-    return backend
+    return choose_backend(backend, use_cuda, dist.is_nccl_available(), no_gpus, auto_needs_nccl=False)
 
 
 def _timedelta(seconds):

@@ -13,16 +13,14 @@ At export time both files are loaded back (onnxruntime, torch.jit.load) and run 
 whole and chunk by chunk carrying the cache; any posterior further than `tolerance` (1e-5) from the
 PyTorch model's whole-utterance posteriors is a KwsError and nothing is written.
 
-`load_exported(path)` opens either file (by suffix) as a runner with `meta`, `init_cache()` and
+`kws.runners.load_exported(path)` opens either file (by suffix) as a runner with `meta`, `init_cache()` and
 `run(feats, cache)`; the detector (`kws.detect`) and the export check use the same runners.
 """
 
-import contextlib
 import io
 import json
 import math
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +28,10 @@ import torch
 from torch import nn
 
 from kws.errors import KwsError
-from kws.features import fbank_settings
+from kws.features import fbank_conf_of
+from kws.keywords import keyword_slug as slug
+from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
+from kws.runners import quiet_warnings as _quiet
 
 FORMAT = "kwsflow-streaming-kws"
 FORMAT_VERSION = 1
@@ -38,7 +39,6 @@ OPSET = 17
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_FA_TARGET = 1.0
 DEFAULT_CHUNKS = (1, 10, 37)  # frames per step in the chunked check
-META_FILE = "meta.json"  # TorchScript extra file
 SAMPLE_RATE = 16000
 
 
@@ -56,11 +56,6 @@ class StreamingWrapper(nn.Module):
 
 # --------------------------------------------------------------------------- thresholds
 
-def slug(token):
-    """`<HI_XIAOWEN>` -> `hi_xiaowen`, the spelling kws.det uses for keyword names."""
-    from kws.det import keyword_slug
-
-    return keyword_slug(str(token))
 
 
 def _number(value):
@@ -114,7 +109,7 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     if len(keywords) != model.num_keywords:
         raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
     cache = model.init_cache(1)
-    fbank = dict(fbank_settings((config.get("dataset_conf") or {}).get("fbank_conf")))
+    fbank = dict(fbank_conf_of(config.get("dataset_conf") or {}))
     training_dither = fbank.pop("dither", 0.0)
     fbank.update({"dither": 0.0, "training_dither": training_dither, "sample_rate": SAMPLE_RATE,
                   "snip_edges": True, "energy_floor": 0.0, "waveform_scale": 32768,
@@ -139,14 +134,6 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
 
 
 # --------------------------------------------------------------------------- writing
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence the exporters' deprecation and tracer warnings (the check below is what counts)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
 
 def write_onnx(wrapper, meta, path, opset=OPSET):
     """Export `wrapper` to ONNX at `path` (dynamic T) and store `meta` in metadata_props."""
@@ -204,94 +191,15 @@ def write_torchscript(wrapper, meta, path):
 
 # --------------------------------------------------------------------------- runners
 
-class OnnxRunner:
-    """An exported ONNX model run with onnxruntime (CPU)."""
-
-    backend = "onnx"
-
-    def __init__(self, path, threads=1):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(threads)
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as err:  # noqa: BLE001
-            raise KwsError(f"{path}: not a loadable ONNX model ({str(err).splitlines()[0][:200]})") from None
-        props = self.session.get_modelmeta().custom_metadata_map
-        if "kwsflow_meta" not in props:
-            raise KwsError(f"{path}: ONNX model has no kwsflow metadata (export it with scripts/export_model.py)")
-        self.meta = json.loads(props["kwsflow_meta"])
-
-    def init_cache(self):
-        return np.zeros(self.meta["cache_shape"], dtype=np.float32)
-
-    def run(self, feats, cache):
-        """feats float32 [1, T, D] (numpy or tensor), cache -> (posteriors np [1, T, K], new_cache)."""
-        feats = np.ascontiguousarray(np.asarray(feats, dtype=np.float32))
-        posteriors, new_cache = self.session.run(None, {"feats": feats, "cache": cache})
-        return posteriors, new_cache
-
-
-class TorchScriptRunner:
-    """An exported TorchScript model (model.pt)."""
-
-    backend = "torchscript"
-
-    def __init__(self, path, threads=None):
-        if threads is not None:
-            torch.set_num_threads(int(threads))
-        extra = {META_FILE: ""}
-        try:
-            with _quiet():
-                self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-        except Exception as err:  # noqa: BLE001
-            raise KwsError(f"{path}: not a TorchScript model ({str(err).splitlines()[0][:160]}); "
-                           f"export a checkpoint with scripts/export_model.py") from None
-        if not extra[META_FILE]:
-            raise KwsError(f"{path}: TorchScript model has no {META_FILE} (export it with scripts/export_model.py)")
-        self.meta = json.loads(extra[META_FILE])
-        self.module.eval()
-
-    def init_cache(self):
-        return torch.zeros(self.meta["cache_shape"])
-
-    def run(self, feats, cache):
-        feats = torch.as_tensor(feats, dtype=torch.float32)
-        with torch.inference_mode():
-            posteriors, new_cache = self.module(feats, cache)
-        return posteriors.numpy(), new_cache
-
-
-class EagerRunner:
-    """The PyTorch model itself (reference for the export check, and the benchmark's baseline)."""
+class EagerRunner(TorchScriptRunner):
+    """The PyTorch model itself (reference for the export check, and the benchmark's baseline): run as
+    the TorchScript runner runs its module."""
 
     backend = "pytorch"
 
     def __init__(self, model, meta):
-        self.wrapper = StreamingWrapper(model).eval()
+        self.module = StreamingWrapper(model).eval()
         self.meta = meta
-
-    def init_cache(self):
-        return torch.zeros(self.meta["cache_shape"])
-
-    def run(self, feats, cache):
-        feats = torch.as_tensor(feats, dtype=torch.float32)
-        with torch.inference_mode():
-            posteriors, new_cache = self.wrapper(feats, cache)
-        return posteriors.numpy(), new_cache
-
-
-def load_exported(path, threads=1, backend=None):
-    """Open an exported model by suffix (or `backend`): `.onnx` -> onnxruntime, anything else -> TorchScript."""
-    path = Path(path)
-    if not path.is_file():
-        raise KwsError(f"{path}: model file not found")
-    if backend == "onnx" or (backend is None and path.suffix.lower() == ".onnx"):
-        return OnnxRunner(path, threads=threads)
-    return TorchScriptRunner(path, threads=threads)
 
 
 # --------------------------------------------------------------------------- verification

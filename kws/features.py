@@ -10,6 +10,43 @@ def fbank_settings(fbank_conf):
     return settings
 
 
+def fbank_conf_of(dataset_conf, where="dataset_conf"):
+    """The fbank settings of a dataset_conf, defaults filled, from either WeKws layout.
+
+    WeKws HEAD: `feats_type: fbank` (the default) and `fbank_conf`; WeKws's older configs (still its
+    tcn/gru/mdtc.yaml): `feature_extraction_conf: {feature_type: fbank, ...}`. kwsflow computes fbank
+    only, so MFCC is refused rather than silently replaced.
+    """
+    from kws.errors import KwsError
+
+    feats_type = dataset_conf.get("feats_type", "fbank")
+    if feats_type != "fbank":
+        raise KwsError(f"{where}.feats_type: {feats_type!r} is not supported (kwsflow computes fbank)")
+    conf = dataset_conf.get("fbank_conf")
+    if conf is None and dataset_conf.get("feature_extraction_conf") is not None:
+        conf = dict(dataset_conf["feature_extraction_conf"])
+        kind = conf.pop("feature_type", "fbank")
+        if kind != "fbank":
+            raise KwsError(f"{where}.feature_extraction_conf.feature_type: {kind!r} is not supported (kwsflow "
+                           f"computes fbank; set feature_type: fbank, num_mel_bins the feature dimension)")
+        conf.pop("num_ceps", None)
+    if conf is not None and not isinstance(conf, dict):
+        raise KwsError(f"{where}.fbank_conf: expected a mapping, got {conf!r}")
+    return fbank_settings(conf)
+
+
+def cmvn_fbank(dataset_conf):
+    """The fbank settings CMVN depends on (dither is a training-time setting)."""
+    settings = fbank_conf_of(dataset_conf)
+    settings.pop("dither")
+    return settings
+
+
+def feature_tag(settings):
+    """A readable folder name for fbank settings (cmvn_fbank's), so experiments with equal features share CMVN."""
+    return f"fbank{settings['num_mel_bins']}_{settings['frame_length']:g}ms_{settings['frame_shift']:g}ms"
+
+
 def frame_geometry(fbank_conf, sample_rate=16000):
     """(frame_length, frame_shift) in samples, rounded as Kaldi/torchaudio round them."""
     from kws.errors import KwsError

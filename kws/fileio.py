@@ -30,7 +30,7 @@ def atomic_path(path):
     ensure_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -51,7 +51,8 @@ def atomic_open(path, mode="w", encoding="utf-8"):
             os.fsync(handle.fileno())
 
 
-def _umask():
+def current_umask():
+    """The process's umask (reading it means setting it: set back at once)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

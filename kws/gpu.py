@@ -183,10 +183,10 @@ def acquire(count, visible=None, lock_dir=None, timeout=None, poll=DEFAULT_POLL,
 def free_port(lock_dir=None, host="127.0.0.1", reserve=True):
     """A TCP port free right now; with `reserve`, also locked (`port<N>.lock`) so that no other kwsflow
     job gets it while the returned fd is open. Returns (port, fd or None)."""
+    from kws.preflight import ephemeral_port
+
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
+        port = ephemeral_port(host)
         if not reserve:
             return port, None
         fd = _try_lock(_lock_dir(lock_dir) / f"port{port}.lock")

@@ -37,8 +37,14 @@ def train_launcher(gpus, processes, nodes=1, lock_dir="results/.gpu-locks"):
         return f"python -m kws.launch --nodes {nodes} --nproc_per_node {per_node} --gpus {gpus} --"
     standalone = f"torchrun --standalone --nnodes 1 --nproc_per_node {per_node}"
     if gpus > 0:
-        return f"python -m kws.gpu --gpus {gpus} --lock-dir {shlex.quote(lock_dir)} -- {standalone}"
+        return f"{gpu_launcher(gpus, lock_dir)} {standalone}"
     return standalone
+
+
+def gpu_launcher(gpus, lock_dir="results/.gpu-locks"):
+    """The prefix that runs a command on `gpus` locked GPUs of this host (kws.gpu): training's and scoring's,
+    so that both take their devices from the same lock folder."""
+    return f"python -m kws.gpu --gpus {gpus} --lock-dir {shlex.quote(lock_dir)} --"
 
 
 def gpus_argument(gpus):
@@ -133,9 +139,9 @@ def _rendezvous_port(head):
     """A free port when the rendezvous host is this one (the batch step runs on the job's first node)."""
     if socket.gethostname().split(".")[0] != head.split(".")[0]:
         return RDZV_PORT
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    from kws.preflight import ephemeral_port
+
+    return ephemeral_port()
 
 
 def launch_multinode(nodes, nproc_per_node, gpus, command, environ=None, job=None):

@@ -235,8 +235,13 @@ def find_free_port(start=DEFAULT_MASTER_PORT + 1, host="", tries=200):
     for port in range(max(1024, start), min(65535, start + tries)):
         if port_is_free(port, host):
             return port
+    return ephemeral_port()
+
+
+def ephemeral_port(host=""):
+    """A TCP port the kernel finds free now on `host` ("" = all addresses); nothing holds it afterwards."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -400,27 +405,32 @@ def _check_visible(ids, environ, cuda, report):
                           f"another job is using it (check nvidia-smi)")
 
 
-def resolve_backend(requested, use_gpus, cuda):
-    """auto -> nccl with GPUs (when NCCL is there), gloo without. KwsError for nccl without GPU/NCCL."""
+def choose_backend(requested, gpus, nccl_available, no_gpus="CUDA sees none", auto_needs_nccl=True):
+    """The one rule for `--ddp.dist_backend`: auto -> nccl when the processes have GPUs (`gpus`) and this
+    torch build has NCCL, gloo without GPUs. KwsError for an unknown name and for nccl without GPUs
+    (`no_gpus` says why there are none) or without NCCL; with `auto_needs_nccl` also for auto with GPUs
+    but no NCCL (else auto takes gloo then)."""
     requested = str(requested or "auto").lower()
     if requested not in BACKENDS:
         raise KwsError(f"--ddp.dist_backend {requested}: unknown backend; use one of {', '.join(BACKENDS)}")
     if requested == "auto":
-        if use_gpus and cuda.device_count > 0:
-            if not cuda.nccl_available:
-                raise KwsError("training on GPUs needs NCCL but this torch build has none; install a CUDA build "
-                               "of torch with NCCL or use --ddp.dist_backend gloo")
-            return "nccl"
-        return "gloo"
+        if gpus and not nccl_available and auto_needs_nccl:
+            raise KwsError("training on GPUs needs NCCL but this torch build has none; install a CUDA build "
+                           "of torch with NCCL or use --ddp.dist_backend gloo")
+        return "nccl" if gpus and nccl_available else "gloo"
     if requested == "nccl":
-        if not use_gpus or cuda.device_count == 0:
-            raise KwsError("--ddp.dist_backend nccl needs GPUs but " +
-                           ("no --gpus were given" if cuda.device_count else "CUDA sees none") +
-                           "; use gloo (or auto) to train on CPU")
-        if not cuda.nccl_available:
+        if not gpus:
+            raise KwsError(f"--ddp.dist_backend nccl needs GPUs but {no_gpus}; use gloo (or auto) to train on CPU")
+        if not nccl_available:
             raise KwsError("--ddp.dist_backend nccl but this torch build has no NCCL; use gloo, or a CUDA build "
                            "of torch with NCCL")
     return requested
+
+
+def resolve_backend(requested, use_gpus, cuda):
+    """auto -> nccl with GPUs (when NCCL is there), gloo without. KwsError for nccl without GPU/NCCL."""
+    return choose_backend(requested, use_gpus and cuda.device_count > 0, cuda.nccl_available,
+                          "no --gpus were given" if cuda.device_count else "CUDA sees none")
 
 
 def _load_config(config):

@@ -13,13 +13,13 @@ corpus with a problem leaves no output behind. Problems are KwsErrors naming the
 
 import json
 import os
-import re
 from collections import Counter
 from pathlib import Path
 
 from kws.datalist import FILLER, read_dictionary, read_kaldi_map
 from kws.errors import KwsError
 from kws.fileio import atomic_open, ensure_dir
+from kws.keywords import keyword_slug, keyword_token
 
 SPLITS = ("train", "dev", "test")
 FILLER_TOKEN = "<FILLER>"
@@ -28,21 +28,18 @@ CORPORA = ("mobvoi", "speech_commands", "snips", "kaldi")
 MOBVOI_KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")
 SNIPS_KEYWORDS = ("<HEY_SNIPS>",)
 SPEECH_COMMANDS_DEFAULT = ("yes", "no")
+# A corpus's keywords when the config's corpus.keywords is empty (a kaldi corpus has to name them).
+DEFAULT_KEYWORDS = {
+    "synthetic": MOBVOI_KEYWORDS,
+    "mobvoi": MOBVOI_KEYWORDS,
+    "snips": SNIPS_KEYWORDS,
+    "speech_commands": SPEECH_COMMANDS_DEFAULT,
+    "kaldi": (),
+}
 SPEECH_COMMANDS_BACKGROUND = "_background_noise_"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def keyword_token(word):
-    """`yes` -> `<YES>`, `hey snips` -> `<HEY_SNIPS>`; a token already in <...> is kept."""
-    word = str(word).strip()
-    if re.fullmatch(r"<\S+>", word):
-        return word
-    name = re.sub(r"[^0-9A-Za-z]+", "_", word).strip("_").upper()
-    if not name:
-        raise KwsError(f"keyword {word!r}: cannot make a token from it")
-    return f"<{name}>"
 
 
 def _require_dir(path):
@@ -375,3 +372,15 @@ def prepare_corpus(corpus, root, out_dir, keywords=None):
     if corpus == "kaldi":
         return prepare_kaldi(root, out_dir, keywords)
     raise KwsError(f"--corpus: unknown corpus {corpus!r} (choose from {', '.join(CORPORA)})")
+
+
+def corpus_keywords(corpus):
+    """Keyword names of the config's corpus section (name, keywords, language), in dictionary order."""
+    if corpus["name"] == "synthetic":  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
+        from kws.synth.phrases import keyword_names
+
+        return keyword_names(corpus["language"], corpus["keywords"])
+    words = corpus["keywords"] or DEFAULT_KEYWORDS[corpus["name"]]
+    if not words:
+        raise KwsError("config: corpus.keywords must list the keywords of a kaldi corpus")
+    return [keyword_slug(keyword_token(word)) for word in words]

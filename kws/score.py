@@ -20,7 +20,7 @@ import torch
 from kws.audio import read_wav
 from kws.datalist import keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
-from kws.features import compute_fbank
+from kws.features import compute_fbank, fbank_conf_of
 
 log = logging.getLogger("kws.score")
 
@@ -105,7 +105,7 @@ def score(checkpoint, test_data, dict_path, out, batch_size=64, device="auto", t
             f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
             f"lists {len(tokens)} keyword(s)"
         )
-    fbank_conf = ((payload.get("config") or {}).get("dataset_conf") or {}).get("fbank_conf") or {}
+    fbank_conf = fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {})
     items = read_data_list(test_data, dictionary=dictionary)
     model.eval()
     done = 0

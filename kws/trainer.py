@@ -57,7 +57,7 @@ from kws.distributed import (
 )
 from kws.errors import KwsError
 from kws.fileio import ensure_dir
-from kws.preflight import DEFAULT_GRAD_CLIP, run_preflight
+from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
 from kws.trainlog import add_scalars, open_writer, read_tsv, run_info, setup_logging, write_tsv
 
@@ -84,7 +84,7 @@ def build_parser():
                    help="resume from this checkpoint (default: the newest complete one in model_dir)")
     p.add_argument("--tensorboard_dir", default=None, help="TensorBoard folder (default MODEL_DIR/tensorboard)")
     p.add_argument("--ddp.dist_backend", "--dist_backend", dest="dist_backend", default="auto",
-                   choices=["auto", "nccl", "gloo"], help="auto: nccl on GPUs, gloo on CPU")
+                   choices=BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
     p.add_argument("--timeout", "--ddp.timeout", "--dist_timeout", dest="timeout", type=float, default=1800,
                    help="process-group timeout in seconds (init and every collective)")
     p.add_argument("--num_workers", type=int, default=0,
@@ -334,9 +334,7 @@ def train(args):
     threads = choose_threads(args.threads, local_world)
     torch.set_num_threads(threads)
     device = choose_device(args.gpus, local_rank, local_world)
-    if args.dist_backend == "nccl" and device.type != "cuda":
-        raise KwsError("--ddp.dist_backend nccl needs GPUs; this process has none (use gloo or auto)")
-    backend = resolve_backend(args.dist_backend, use_cuda=device.type == "cuda")
+    backend = resolve_backend(args.dist_backend, use_cuda=device.type == "cuda", no_gpus="this process has none")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if rank == 0:

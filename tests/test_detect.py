@@ -14,9 +14,10 @@ import torch
 from kws.config import load_model_config
 from kws.detect import Detector, main, resolve_thresholds
 from kws.errors import KwsError
-from kws.export import build_metadata, export_artifacts, load_exported
+from kws.export import build_metadata, export_artifacts
 from kws.features import compute_fbank, num_frames
 from kws.model import build_model
+from kws.runners import load_exported
 from kws.streaming_fbank import StreamingFbank
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -277,7 +277,7 @@ def test_recommended_thresholds_bad_file(tmp_path):
 
 
 def test_runners_load_by_suffix(export_dir):
-    from kws.export import load_exported
+    from kws.runners import load_exported
 
     root, _ = export_dir
     assert isinstance(load_exported(root / "out" / "model.onnx"), OnnxRunner)

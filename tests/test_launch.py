@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kws.errors import KwsError
-from kws.launch import check_gpu_budget, gpus_argument, launch_multinode, slurm_resources, train_launcher
+from kws.launch import check_gpu_budget, gpu_launcher, gpus_argument, launch_multinode, slurm_resources, train_launcher
 
 
 def test_cpu_training_is_standalone_torchrun_with_gloo_processes():
@@ -21,6 +21,8 @@ def test_gpu_training_takes_device_locks_then_one_process_per_gpu():
     assert words[:7] == ["python", "-m", "kws.gpu", "--gpus", "2", "--lock-dir", "res/.gpu-locks"]
     assert words[7] == "--"
     assert words[8:] == ["torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node", "2"]
+    # scoring's prefix (the score rule's launcher): the same locks
+    assert shlex.split(gpu_launcher(1, "res/.gpu-locks")) == words[:4] + ["1"] + words[5:8]
 
 
 def test_multinode_training_is_launched_inside_the_slurm_job():

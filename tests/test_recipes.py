@@ -285,3 +285,17 @@ def test_cli(tmp_path, make_wav):
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
     assert "missing/mobvoi_hotword_dataset: folder not found" in result.stderr
     assert not (tmp_path / "out2").exists()
+
+
+def test_corpus_keywords_are_the_names_det_writes():
+    from kws.keywords import keyword_slug
+    from kws.recipes import corpus_keywords
+
+    assert corpus_keywords({"name": "mobvoi", "keywords": []}) == ["hi_xiaowen", "nihao_wenwen"]
+    assert corpus_keywords({"name": "speech_commands", "keywords": ["yes", "Up"]}) == ["yes", "up"]
+    assert corpus_keywords({"name": "kaldi", "keywords": ["<HEY_KWS>", "hey snips"]}) == ["hey_kws", "hey_snips"]
+    assert corpus_keywords({"name": "synthetic", "language": "cmn", "keywords": []}) == ["hi_xiaowen",
+                                                                                        "nihao_wenwen"]
+    assert keyword_slug(keyword_token("hey snips")) == "hey_snips"
+    with pytest.raises(KwsError, match="corpus.keywords"):
+        corpus_keywords({"name": "kaldi", "keywords": []})

@@ -70,3 +70,25 @@ def test_code_digest_follows_content_not_location(tmp_path):
     assert code_digest(files, root=copy) == code_digest(files, root=REPO)
     (copy / "kws" / "loss.py").write_text((REPO / "kws" / "loss.py").read_text() + "\n# edited\n")
     assert code_digest(files, root=copy) != code_digest(files, root=REPO)
+
+
+def test_no_import_circles_between_kws_modules():
+    """No kws module imports (at the top or in a function) one that imports it back, directly or not."""
+    from graphlib import CycleError, TopologicalSorter
+
+    from kws.sourcecode import _imported_names, _module_file, _module_name
+
+    graph = {}
+    for path in sorted((REPO / "kws").rglob("*.py")):
+        own = _module_name(path, REPO)
+        names = [name for name in _imported_names(path, REPO) if name.startswith("kws")]
+        modules = {name for name in names if _module_file(name, REPO) is not None}
+        # `from kws.x import y`: kws.x.y when y is a module, else kws.x (not both: kws.synth's __init__
+        # importing kws.synth.corpus is no circle with corpus's `from kws.synth import augment`)
+        objects = {name.rpartition(".")[0] for name in names if name not in modules}
+        graph[own] = {name for name in modules if name in objects or not any(
+            other.startswith(name + ".") for other in modules)} - {own}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as err:
+        pytest.fail(f"import circle: {' -> '.join(err.args[1])}")

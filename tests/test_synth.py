@@ -1,5 +1,6 @@
 """The eSpeak NG default corpus (kws.synth), on the `tiny` size: seconds per run."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import soundfile
 
 from kws.datalist import read_dictionary, read_kaldi_map
 from kws.errors import KwsError
-from kws.synth import plan_corpus, synthesize_corpus
+from kws.synth import faults, plan_corpus, synthesize_corpus
 from kws.synth.augment import resample
 from kws.synth.corpus import SPLITS, split_voices
 from kws.synth.espeak import EXCLUDED_VARIANTS, list_variants, synthesize_batch
@@ -122,14 +123,13 @@ def test_augmentation_changes_the_signal(corpora):
     assert len(a) != len(c) or not np.allclose(a, c, atol=1e-3)
 
 
-def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora):
+def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora, monkeypatch):
     root, _ = corpora
     plan, _ = plan_corpus("tiny", SEED)
     once, always, killer = (plan["train"][1]["key"], plan["train"][2]["key"], plan["dev"][0]["key"])
-    faults = {"crash": {once: "once", always: "always"}, "kill_worker": {killer}}
+    monkeypatch.setenv(faults.ENV, json.dumps({"crash": {once: "once", always: "always"}, "kill_worker": [killer]}))
     warnings = []
-    summary = synthesize_corpus(tmp_path / "f", size="tiny", seed=SEED, threads=2, log=warnings.append,
-                                _faults=faults)
+    summary = synthesize_corpus(tmp_path / "f", size="tiny", seed=SEED, threads=2, log=warnings.append)
     text = read_kaldi_map(tmp_path / "f" / "train" / "text")
     assert once in text and always not in text
     assert summary["skipped"] == [always]
@@ -146,11 +146,11 @@ def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora):
     assert first[0] is not None and first == second
 
 
-def test_failed_run_leaves_no_lists(tmp_path):
+def test_failed_run_leaves_no_lists(tmp_path, monkeypatch):
     plan, _ = plan_corpus("tiny", SEED)
-    faults = {"crash": {item["key"]: "always" for item in plan["dev"]}}
+    monkeypatch.setenv(faults.ENV, json.dumps({"crash": {item["key"]: "always" for item in plan["dev"]}}))
     with pytest.raises(KwsError, match="dev split"):
-        synthesize_corpus(tmp_path / "x", size="tiny", seed=SEED, threads=2, log=_quiet, _faults=faults)
+        synthesize_corpus(tmp_path / "x", size="tiny", seed=SEED, threads=2, log=_quiet)
     assert not list((tmp_path / "x").rglob("wav.scp")) and not list((tmp_path / "x").rglob("text"))
     assert not list((tmp_path / "x").rglob("*.wav")) and not list((tmp_path / "x").glob(".synth-tmp-*"))
 

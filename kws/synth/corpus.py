@@ -10,23 +10,21 @@ a held-out engine's voices form a split of their own, test_engine.
 """
 
 import json
-import multiprocessing
 import os
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections import deque
 from fractions import Fraction
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.faults import mark as mark_faults
+from kws.synth.pool import WorkerPool
 
 SPLITS = ("train", "dev", "test")
 HELDOUT_SPLIT = "test_engine"  # the test split of the held-out engine (corpus.heldout_engine)
-KEYWORDS = ("<HI_XIAOWEN>", "<NIHAO_WENWEN>")  # the default corpus's
 FILLER = "<FILLER>"
 SAMPLE_RATE = 16000
 
@@ -43,7 +41,6 @@ VOICE_SHARE = {"train": 0.7, "dev": 0.15, "test": 0.15}
 SPEEDS = (0.9, 0.95, 1.05, 1.1)  # speed perturbation factors of augmented utterances
 CHUNK_REQUESTS = 24  # synthesis requests per worker job (fixed: the output must not depend on it varying)
 BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
-MAX_WORKER_DEATHS = 2  # a chunk whose worker process died this often is skipped
 
 
 class CorpusSpec(dict):
@@ -382,25 +379,6 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
-def _worker_main(conn, tmp_root, augment):
-    from kws.synth.espeak import engine
-
-    engine()  # initialise once; every chunk forks from this state
-    while True:
-        job = conn.recv()
-        if job is None:
-            break
-        chunk, attempt = job
-        if attempt == 0 and chunk.get("_kill_worker"):  # fault injection for tests
-            os._exit(9)
-        warnings = []
-        # render_chunk calls the lambda before this iteration ends: it appends to this chunk's list.
-        records = render_chunk(chunk, tmp_root, augment,
-                               lambda message: warnings.append(f"warning: {message}"))  # noqa: B023
-        conn.send((chunk["id"], records, warnings))
-    conn.close()
-
-
 def keyword_seconds(size="default", seed=666, split="test", augment=True):
     """Seconds of speech of the keyword in each positive utterance of `split`, as rendered.
 
@@ -429,97 +407,12 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
 
 
 # --- orchestration ---------------------------------------------------------------------------------
-class _Pool:
-    """Spawned workers fed one chunk at a time; a worker that dies is replaced and its chunk retried."""
-
-    def __init__(self, threads, tmp_root, augment, log):
-        self.ctx = multiprocessing.get_context("spawn")
-        self.threads, self.tmp_root, self.augment, self.log = threads, str(tmp_root), augment, log
-        self.workers = []
-
-    def _start(self):
-        parent, child = self.ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update({k: "1" for k in saved})
-        try:
-            proc = self.ctx.Process(target=_worker_main, args=(child, self.tmp_root, self.augment), daemon=True)
-            proc.start()
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        child.close()
-        worker = {"proc": proc, "conn": parent, "job": None}
-        self.workers.append(worker)
-        return worker
-
-    def run(self, chunks):
-        pending = deque((chunk, 0) for chunk in chunks)
-        results = {}
-        try:
-            while pending or any(w["job"] for w in self.workers):
-                while pending and len(self.workers) < min(self.threads, len(chunks)):
-                    self._start()
-                for worker in self.workers:
-                    if worker["job"] is None and pending:
-                        worker["job"] = pending.popleft()
-                        worker["conn"].send(worker["job"])
-                busy = [w for w in self.workers if w["job"] is not None]
-                ready = wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy])
-                for worker in busy:
-                    if worker["conn"] in ready:
-                        try:
-                            chunk_id, records, warnings = worker["conn"].recv()
-                        except (EOFError, OSError):
-                            self._died(worker, pending, results)
-                            continue
-                        for message in warnings:
-                            self.log(message)
-                        results[chunk_id] = records
-                        worker["job"] = None
-                    elif worker["proc"].sentinel in ready:
-                        self._died(worker, pending, results)
-        finally:
-            self.close()
-        return [results[chunk["id"]] for chunk in chunks]
-
-    def _died(self, worker, pending, results):
-        chunk, attempt = worker["job"]
-        worker["proc"].join()
-        code = worker["proc"].exitcode
-        self.workers.remove(worker)
-        worker["conn"].close()
-        if attempt + 1 < MAX_WORKER_DEATHS:
-            self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']}; retrying it")
-            pending.appendleft((chunk, attempt + 1))
-        else:
-            self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']} again; "
-                     f"skipping its {len(chunk['items'])} items")
-            results[chunk["id"]] = [{"key": i["key"], "split": i["split"], "skipped": True} for i in chunk["items"]]
-
-    def close(self):
-        for worker in self.workers:
-            try:
-                worker["conn"].send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        for worker in self.workers:
-            worker["proc"].join(timeout=10)
-            if worker["proc"].is_alive():
-                worker["proc"].kill()
-                worker["proc"].join()
-            worker["conn"].close()
-        self.workers = []
-
-
-def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None, _faults=None,
+def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None,
                       train_utterances=None, spec=None):
-    """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin).
-
-    _faults (tests): {"crash": {key: "once"|"always"}, "kill_worker": {key, ...}}.
-    """
-    from kws.datalist import write_dictionary
+    """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin)."""
     from kws.fileio import atomic_open, ensure_dir
     from kws.synth.phrases import make_profile, utterance_kind
+    from kws.synth.tables import remove_tables, write_tables
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     if threads < 1:
@@ -531,14 +424,9 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
     tokens = list(profile.tokens)
     plan, voices = plan_corpus(size, seed, augment, train_utterances, spec)
     chunks = make_chunks(plan, seed, augment, spec)
-    faults = _faults or {}
     for chunk in chunks:
         chunk["speaker_augment"] = spec["speaker_augment"]
-        for item in chunk["items"]:
-            if item["key"] in faults.get("crash", {}):
-                item["requests"][0]["_crash"] = faults["crash"][item["key"]]
-            if item["key"] in faults.get("kill_worker", ()):
-                chunk["_kill_worker"] = True
+    mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"
     out = ensure_dir(Path(out_text))
@@ -546,8 +434,8 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
     try:
         for split in splits:
             (tmp_root / "wav" / split).mkdir(parents=True)
-        records = [r for chunk_records in _Pool(threads, tmp_root, augment, log).run(chunks)
-                   for r in chunk_records]
+        pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
+        records = [r for chunk_records in pool.run(chunks) for r in chunk_records]
         by_split = {split: sorted((r for r in records if r["split"] == split and not r.get("skipped")),
                                   key=lambda r: r["key"]) for split in splits}
         skipped = [r["key"] for r in records if r.get("skipped")]
@@ -555,10 +443,7 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
             if not by_split[split]:
                 raise KwsError(f"{out_text}: no utterance of the {split} split could be synthesised")
         # commit: stale lists first, then the audio, then the lists (a reader sees all or nothing)
-        for split in SPLITS + (HELDOUT_SPLIT,):
-            for name in ("wav.scp", "text", "wav.dur", "data.list", "utt2voice", "utt2kind"):
-                (out / split / name).unlink(missing_ok=True)
-        (out / "dict" / "words.txt").unlink(missing_ok=True)
+        remove_tables(out, SPLITS + (HELDOUT_SPLIT,))
         ensure_dir(out / "wav")
         for split in splits:
             final = out / "wav" / split
@@ -571,19 +456,7 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
         with atomic_open(out / "synth_info.json") as handle:
             json.dump(summary, handle, indent=1, ensure_ascii=False, sort_keys=True)
             handle.write("\n")
-        write_dictionary(out / "dict" / "words.txt", tokens, filler=FILLER)
-        for split in splits:
-            # who spoke each utterance: make_list copies it into data.list (engine, voice fields)
-            with atomic_open(out / split / "utt2voice") as handle:
-                handle.writelines(f"{r['key']} {r['engine']} {r['voice']}\n" for r in by_split[split])
-            # what each negative is (partial, near_miss, speech, ...): metrics count false alarms by it
-            with atomic_open(out / split / "utt2kind") as handle:
-                handle.writelines(f"{r['key']} {kinds[r['key']]}\n" for r in by_split[split])
-            with atomic_open(out / split / "text") as handle:
-                handle.writelines(f"{r['key']} {r['token']}\n" for r in by_split[split])
-            with atomic_open(out / split / "wav.scp") as handle:
-                handle.writelines(f"{r['key']} {os.path.join(out_text, 'wav', split, r['key'] + '.wav')}\n"
-                                  for r in by_split[split])
+        write_tables(out, out_text, tokens, FILLER, by_split, kinds)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
     summary["seconds_taken"] = round(time.monotonic() - started, 1)

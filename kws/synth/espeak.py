@@ -133,7 +133,7 @@ def _child(eng, requests, write_fd):
     try:
         faulthandler.disable()  # a crash here is expected and handled by the parent: no tracebacks
         for request in requests:
-            crash = request.get("_crash")  # fault injection for tests: "once" or "always"
+            crash = request.get("_crash")  # fault injection for tests (kws.synth.faults): "once" or "always"
             if crash == "always" or (crash == "once" and not request.get("fallback")):
                 os.kill(os.getpid(), signal.SIGSEGV)
             try:

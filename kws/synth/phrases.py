@@ -17,6 +17,7 @@ import itertools
 import re
 
 from kws.errors import KwsError
+from kws.keywords import keyword_slug
 
 FILLER = "<FILLER>"
 ENGLISH_ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc", "en-gb-x-gbclan")
@@ -483,4 +484,4 @@ def keyword_names(language="cmn", keywords=()):
     builtin = BUILTIN.get(language, {})
     aliases = {entry[1]: name for name, entry in builtin.items()}
     names = [aliases.get(k.strip(), k) for k in keywords]
-    return [token_of(k).strip("<>").lower() for k in names]
+    return [keyword_slug(token_of(k)) for k in names]

@@ -8,18 +8,20 @@ from pathlib import Path
 
 from kws.config import experiment_runs, load_model_config
 from kws.errors import KwsError
-from kws.features import fbank_settings
+from kws.features import cmvn_fbank
+from kws.features import feature_tag as fbank_tag
 from kws.launch import (
     check_gpu_budget,
+    gpu_launcher,
     gpus_argument,
     import_kws_from,
     slurm_resources,
     train_launcher,
 )
 from kws.launch import train_mem_mb as kws_train_mem_mb
+from kws.recipes import corpus_keywords
 from kws.sourcecode import imported_files
 from kws.synth.corpus import CorpusSpec
-from kws.synth.phrases import keyword_names as phrase_keywords
 
 REPO = Path(workflow.basedir).parent
 SCRIPTS = REPO / "scripts"
@@ -45,15 +47,6 @@ except KwsError as err:
     sys.exit(f"error: {err}")
 EXPERIMENTS = list(RUNS)
 
-# Keyword tokens per corpus (the recipe writes the same into dict/words.txt).
-DEFAULT_KEYWORDS = {
-    "synthetic": ["hi_xiaowen", "nihao_wenwen"],
-    "mobvoi": ["hi_xiaowen", "nihao_wenwen"],
-    "snips": ["hey_snips"],
-    "speech_commands": ["yes", "no"],
-    "kaldi": [],
-}
-
 
 wildcard_constraints:
     exp="|".join(EXPERIMENTS),
@@ -74,14 +67,10 @@ if CORPUS["name"] != "synthetic" and not CORPUS["root"]:
 
 def keywords():
     """Keyword names (lower case, no brackets) of the configured corpus."""
-    if (
-        CORPUS["name"] == "synthetic"
-    ):  # phrases: "hey kws" -> hey_kws (the token <HEY_KWS>)
-        return phrase_keywords(CORPUS["language"], CORPUS["keywords"])
-    words = CORPUS["keywords"] or DEFAULT_KEYWORDS[CORPUS["name"]]
-    if not words:
-        fail("config: corpus.keywords must list the keywords of a kaldi corpus")
-    return [w.strip("<>").lower() for w in words]
+    try:
+        return corpus_keywords(CORPUS)
+    except KwsError as err:
+        fail(str(err))
 
 
 def workdir_path(path):
@@ -133,15 +122,12 @@ def model_conf(exp):
 
 def fbank_conf(exp):
     """The fbank settings CMVN depends on (dither is a training-time setting)."""
-    settings = fbank_settings(model_conf(exp)["dataset_conf"].get("fbank_conf"))
-    settings.pop("dither")
-    return settings
+    return cmvn_fbank(model_conf(exp)["dataset_conf"])
 
 
 def feature_tag(exp):
     """A readable folder name per feature setting, so experiments with equal features share CMVN."""
-    f = fbank_conf(exp)
-    return f"fbank{f['num_mel_bins']}_{f['frame_length']:g}ms_{f['frame_shift']:g}ms"
+    return fbank_tag(fbank_conf(exp))
 
 
 FEATURES = {feature_tag(exp): fbank_conf(exp) for exp in EXPERIMENTS}
@@ -177,6 +163,9 @@ def train_processes(exp):
     return e["gpus"] if e["gpus"] > 0 else e["processes"]
 
 
+GPU_LOCKS = f"{RESULTS}/.gpu-locks"
+
+
 def launcher(exp):
     """The command that starts training: torchrun (through srun on several nodes, with GPU locks)."""
     e = experiment(exp)
@@ -184,8 +173,13 @@ def launcher(exp):
         gpus=e["gpus"],
         processes=train_processes(exp),
         nodes=e["nodes"],
-        lock_dir=f"{RESULTS}/.gpu-locks",
+        lock_dir=GPU_LOCKS,
     )
+
+
+def score_launcher():
+    """The prefix that runs scoring on a locked GPU (the lock folder training's GPUs are locked in), or none."""
+    return gpu_launcher(1, GPU_LOCKS) if config["score"]["gpu"] else ""
 
 
 def gpu_budget():
@@ -344,7 +338,7 @@ if CORPUS["name"] == "synthetic":
             CORPUS["heldout_engine"],
             CORPUS["speaker_augment"],
         )
-        phrase_keywords(CORPUS["language"], CORPUS["keywords"])
+        corpus_keywords(CORPUS)
     except KwsError as err:
         fail(str(err))
 

@@ -51,11 +51,7 @@ for evalset in EVAL_SPLITS:
             batch_size=config["score"]["batch_size"],
         params:
             args=score_args(),
-            launcher=(
-                f"python -m kws.gpu --gpus 1 --lock-dir {OUT}/.gpu-locks --"
-                if config["score"]["gpu"]
-                else ""
-            ),
+            launcher=score_launcher(),
         shell:
             "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
             " --dict {input.words} --out {output} {params.args} --batch-size {resources.batch_size}"
