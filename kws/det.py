@@ -16,7 +16,7 @@ metrics.json: run settings plus `keywords`, a mapping keyword name (`hi_xiaowen`
 point has the counts behind it (misses, false alarms), 95 % intervals (kws.intervals), whether the
 filler hours resolve its target, and its false alarms by kind of negative (data.list `kind`: partial,
 near_miss, speech, ...; another keyword's positives are `other_keyword`); each keyword lists its
-worst misses and top false alarms. Tables of it: kws.tables.
+worst misses and top false alarms. Its tables and reader: kws.tables.
 
 Counting is vectorised and exact: for each threshold the greedy hold-off scan is a chain of
 "next frame at or after p that is >= t" look-ups; those look-ups are precomputed for all
@@ -50,6 +50,7 @@ from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
 from kws.intervals import ZERO_EVENTS_UPPER, binomial_interval, rate_interval
 from kws.keywords import keyword_slug
+from kws.tables import metrics_markdown, metrics_tsv
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
 FA_FLOOR = 1e-6
@@ -345,7 +346,6 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     num_listed: how many worst misses and top false alarms each keyword lists.
     """
     from kws.fileio import atomic_open, ensure_dir
-    from kws.tables import metrics_markdown, metrics_tsv
 
     if window_shift < 1:
         raise KwsError(f"window_shift must be >= 1 frame, got {window_shift}")
@@ -430,29 +430,3 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
     with atomic_open(out_dir / "metrics.md") as handle:
         handle.write(metrics_markdown(metrics))
     return metrics
-
-
-def keyword_entries(metrics):
-    """The per-keyword summaries of a metrics dict, in dictionary order (`keywords` maps name -> entry)."""
-    node = metrics["keywords"]
-    return list(node.values()) if isinstance(node, dict) else list(node)
-
-
-def load_metrics(path):
-    """A kwsflow metrics.json; a one-line KwsError naming the file when missing or malformed."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise KwsError(f"{path}: metrics file not found") from None
-    except UnicodeDecodeError as err:
-        raise KwsError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise KwsError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("keywords"), (dict, list)) or "fa_targets" not in data:
-        raise KwsError(f"{path}: not a kwsflow metrics.json (no `keywords` and `fa_targets`)")
-    for entry in keyword_entries(data):
-        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str) \
-                or not isinstance(entry.get("operating_points"), list):
-            raise KwsError(f"{path}: a keyword entry without `token` and `operating_points`: {str(entry)[:80]}")
-    return data

@@ -69,7 +69,7 @@ def recommended_thresholds(metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, 
     """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
     `fa_target` FA/h. A missing or malformed file, a keyword it lacks, or a target it was not evaluated
     at is a KwsError; only a target no threshold meets (n/a in metrics.md) takes `default`, and says so."""
-    from kws.det import keyword_entries, load_metrics
+    from kws.tables import keyword_entries, load_metrics
 
     if metrics_path is None:
         return {kw: (default, "default (no metrics given)") for kw in keywords}

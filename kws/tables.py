@@ -1,14 +1,15 @@
-"""Tables of metrics.json (kws.det): metrics.tsv and metrics.md of one run, and the comparison of runs,
-with each experiment's median, min and max over its seeds.
+"""metrics.json (kws.det) read back and tabled: its reader (`load_metrics`, `keyword_entries`),
+metrics.tsv and metrics.md of one run, and the comparison of runs, with each experiment's median, min
+and max over its seeds.
 
 Every FRR is shown with its 95 % interval and its count (misses / positives), every FA/h with its 95 %
 interval and its count (false alarms in the filler hours); a target the filler hours do not resolve is
 marked (zero false alarms would not show the rate below it).
 """
 
+import json
 import statistics
 
-from kws.det import keyword_entries, load_metrics
 from kws.errors import KwsError
 
 TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "frr_low", "frr_high", "false_rejects",
@@ -194,3 +195,29 @@ def compare_metrics(named, experiments=None):
     if unresolved:
         md += ["", UNRESOLVED_NOTE]
     return "\n".join(md) + "\n", "\n".join(tsv) + "\n"
+
+
+def keyword_entries(metrics):
+    """The per-keyword summaries of a metrics dict, in dictionary order (`keywords` maps name -> entry)."""
+    node = metrics["keywords"]
+    return list(node.values()) if isinstance(node, dict) else list(node)
+
+
+def load_metrics(path):
+    """A kwsflow metrics.json; a one-line KwsError naming the file when missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise KwsError(f"{path}: metrics file not found") from None
+    except UnicodeDecodeError as err:
+        raise KwsError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise KwsError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("keywords"), (dict, list)) or "fa_targets" not in data:
+        raise KwsError(f"{path}: not a kwsflow metrics.json (no `keywords` and `fa_targets`)")
+    for entry in keyword_entries(data):
+        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str) \
+                or not isinstance(entry.get("operating_points"), list):
+            raise KwsError(f"{path}: a keyword entry without `token` and `operating_points`: {str(entry)[:80]}")
+    return data

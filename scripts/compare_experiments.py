@@ -32,7 +32,7 @@ def main(argv=None):
         raise KwsError(f"--names: {len(names)} name(s) for {len(args.metrics)} metrics file(s)")
     markdown, tsv = compare_metrics(list(zip(names, args.metrics)), args.experiments)
     if args.out_plot:
-        from kws.det import keyword_entries, load_metrics
+        from kws.tables import keyword_entries, load_metrics
 
         groups = []
         for name, path in zip(names, args.metrics):

@@ -10,14 +10,13 @@ from kws.det import (
     compute_det,
     count_false_alarms,
     count_false_alarms_many,
-    load_metrics,
     operating_point,
     read_stats,
     thresholds_for,
 )
 from kws.errors import KwsError
 from kws.intervals import binomial_interval, poisson_interval, rate_interval
-from kws.tables import compare_metrics
+from kws.tables import compare_metrics, load_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
