@@ -18,10 +18,10 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from kws.detect import DEFAULT_CHUNK_MS
 from kws.errors import KwsError
 
 COUNT_TOLERANCE = 0.01  # of a count (misses, false alarms), and at least 1
-DEFAULT_CHUNK_MS = 100
 
 _worker = {}
 
@@ -38,11 +38,12 @@ def _init_worker(model_path, thresholds, refractory, backend):
 
 
 def _detect(job):
-    """Keyword indices the detector fires for on each (key, wav) of the job, fed chunk_samples at a time."""
+    """Keyword indices the detector fires for on each (key, wav) of the job, fed chunk_ms at a time."""
     from kws.audio import read_wav
 
-    pairs, chunk_samples = job
+    pairs, chunk_ms = job
     detector = _worker["detector"]
+    chunk_samples = max(1, int(round(detector.fbank.sample_rate * chunk_ms / 1000.0)))
     fired = {}
     for key, wav in pairs:
         detector.reset()
@@ -54,15 +55,15 @@ def _detect(job):
     return fired
 
 
-def stream_detections(model_path, items, thresholds, refractory, chunk_ms=DEFAULT_CHUNK_MS, workers=1, backend=None):
+def stream_detections(model_path, items, thresholds, refractory, chunk_ms=DEFAULT_CHUNK_MS, workers=1,
+                      backend=None):
     """{key: [keyword index of each detection]} for every data.list item, each utterance its own stream."""
     if not chunk_ms > 0:
         raise KwsError(f"chunk_ms must be positive, got {chunk_ms}")
-    chunk_samples = max(1, int(round(16000 * chunk_ms / 1000.0)))
     pairs = [(item["key"], item["wav"]) for item in items]
     # long streams first, so the workers finish together
     order = sorted(range(len(items)), key=lambda i: -items[i]["duration"])
-    jobs = [([pairs[i] for i in order[w::workers * 8]], chunk_samples) for w in range(workers * 8)]
+    jobs = [([pairs[i] for i in order[w::workers * 8]], chunk_ms) for w in range(workers * 8)]
     fired = {}
     if workers <= 1:
         _init_worker(model_path, thresholds, refractory, backend)
@@ -77,7 +78,7 @@ def stream_detections(model_path, items, thresholds, refractory, chunk_ms=DEFAUL
 
 
 def _counts(index, items, detected, alarms):
-    """FRR and FA/h of keyword `index`: detected(item) for its positives, alarms(item) for the others."""
+    """FRR and FA/h of keyword `index`: detected[key] of its positives, alarms[key] of the others."""
     positives = [item for item in items if item["label"] == index]
     fillers = [item for item in items if item["label"] != index]
     misses = sum(1 for item in positives if not detected[item["key"]])
