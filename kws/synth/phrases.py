@@ -194,12 +194,6 @@ PHONEME_NEIGHBOURS = {
     "aI": "eI OI a", "OI": "aI oU", "aU": "oU a", "oU": "aU O u:", "i:": "I eI", "u:": "U oU", "A:": "a O:",
     "O:": "A: oU", "3:": "@ E",
 }
-# A made near-miss differs from the keyword phrase in at least this many phonemes: one phoneme off, eSpeak
-# renders it nearly as the keyword, and labelled filler it teaches the keyword as noise ("hey kwn",
-# "[[h'eI k,eId,@b@Lj,u:'Es]]" for "hey kws" scored as high as the keyword, held-out FRR at 1 FA/h 96 %);
-# the Mandarin corpus leaves out tone-only variants for the same reason.
-MIN_NEAR_MISS_PHONEMES = 2
-MAX_PHONEME_CONFUSABLES = 64
 NUMBERS_PROBE = "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 20 30 40 50 60 70 80 90 100 1000 1000000"
 OTHER_LANGUAGES = ("cmn", "en-us", "yue", "de", "fr", "es", "ru", "hi", "ja")
 CJK = ("cmn", "yue", "ja")
@@ -376,58 +370,36 @@ class PhraseProfile:
         return {joiner.join(p) for p in perms if list(p) != units}
 
     def _text_neighbours(self, units, unit_phonemes, joiner, lex_ph):
-        """Words (of a spelled word: letters) swapped for the lexicon's nearest-sounding entries, so that the
-        phrase changes in MIN_NEAR_MISS_PHONEMES phonemes or more: one word two phonemes off, or two words
-        one phoneme off each (a phrase one phoneme off is rendered nearly as the keyword itself)."""
-        slots = []  # (unit, part) -> [(replacement, phoneme distance)], nearest first
+        """Each word (a spelled word: each letter) swapped for the lexicon's nearest-sounding entries."""
+        out = set()
         for i, (unit, ph) in enumerate(zip(units, unit_phonemes)):
             spelled = bool(_LATIN.match(unit)) and not re.search("[aeiouyAEIOUY]", unit) and len(unit) <= 5
             parts = list(unit) if spelled and len(unit) > 1 else [unit]
             for k, part in enumerate(parts):
                 target = sum(lex_ph[part], []) if part in lex_ph else ph
-                limit = max(MIN_NEAR_MISS_PHONEMES, len(target) // 3)
+                limit = max(1, len(target) // 3)
                 scored = sorted((_distance(target, sum(p, [])), word) for word, p in lex_ph.items()
                                 if word != part and (len(word) == 1) == (len(part) == 1 and spelled))
-                options = [(word, dist) for dist, word in scored if 1 <= dist <= limit]
-                slots.append(((i, k, parts), options))
-        out = set()
-
-        def phrase(changes):
-            new_units = list(units)
-            for (i, k, parts), word in changes:
-                current = list(new_units[i]) if len(parts) > 1 else [new_units[i]]
-                current[k] = word
-                new_units[i] = "".join(current)
-            return joiner.join(new_units)
-
-        for slot, options in slots:
-            out |= {phrase([(slot, word)]) for word, dist in options if dist >= MIN_NEAR_MISS_PHONEMES}
-        for (slot_a, options_a), (slot_b, options_b) in itertools.combinations(slots, 2):
-            near_a = [word for word, dist in options_a if dist == 1][:3]
-            near_b = [word for word, dist in options_b if dist == 1][:3]
-            out |= {phrase([(slot_a, a), (slot_b, b)]) for a in near_a for b in near_b}
+                for dist, word in scored[:6]:
+                    if 1 <= dist <= limit:
+                        new = "".join(parts[:k] + [word] + parts[k + 1:]) if len(parts) > 1 else word
+                        out.add(joiner.join(units[:i] + [new] + units[i + 1:]))
         return out
 
     def _phoneme_neighbours(self):
-        """Each phrase with two phonemes of different syllables swapped for neighbours (MIN_NEAR_MISS_PHONEMES),
-        as eSpeak phoneme input; evenly spaced over all such pairs, at most MAX_PHONEME_CONFUSABLES."""
+        """Each phrase with one phoneme swapped for a neighbour, as eSpeak phoneme input."""
         out = set()
         for words in self._phrase_phonemes:
-            singles = []
             for w, word in enumerate(words):
                 for p, phoneme in enumerate(word):
                     base = _base(phoneme)
-                    singles += [(w, p, phoneme.replace(base, other, 1))
-                                for other in PHONEME_NEIGHBOURS.get(base, "").split() if other in self.inventory]
-            for (w1, p1, x1), (w2, p2, x2) in itertools.combinations(singles, 2):
-                if (w1, p1) == (w2, p2) or (w1 == w2 and abs(p1 - p2) < 2):
-                    continue
-                new = [list(word) for word in words]
-                new[w1][p1], new[w2][p2] = x1, x2
-                out.add("[[" + " ".join("".join(x) for x in new) + "]]")
-        out = sorted(out)
-        step = max(1, len(out) // MAX_PHONEME_CONFUSABLES)
-        return set(out[::step][:MAX_PHONEME_CONFUSABLES])
+                    for other in PHONEME_NEIGHBOURS.get(base, "").split():
+                        if other not in self.inventory:
+                            continue
+                        new = list(word)
+                        new[p] = phoneme.replace(base, other, 1)
+                        out.add("[[" + " ".join("".join(x) for x in words[:w] + [new] + words[w + 1:]) + "]]")
+        return out
 
     def banned(self, text):
         """A filler that holds a keyword would be a mislabelled positive."""
