@@ -61,12 +61,42 @@ def peak_rss(proc, stop, out):
 def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
     if model_dir.exists():
         shutil.rmtree(model_dir)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node",
-               "2", str(code / "scripts" / "train.py"), "--config", str(ROOT / "config/models/ds_tcn_small.yaml"),
-               "--train_data", str(train_list), "--cv_data", str(cv_list), "--model_dir", str(model_dir),
-               "--num_keywords", "2", "--min_duration", "50", "--seed", "666", "--cmvn_file", str(CMVN),
-               "--norm_var", "--max_epoch", "1", "--threads", "2", "--gpus", "-1",
-               *(["--dict", str(DATA / "dict" / "words.txt")] if dictionary else []), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        str(code / "scripts" / "train.py"),
+        "--config",
+        str(ROOT / "config/models/ds_tcn_small.yaml"),
+        "--train_data",
+        str(train_list),
+        "--cv_data",
+        str(cv_list),
+        "--model_dir",
+        str(model_dir),
+        "--num_keywords",
+        "2",
+        "--min_duration",
+        "50",
+        "--seed",
+        "666",
+        "--cmvn_file",
+        str(CMVN),
+        "--norm_var",
+        "--max_epoch",
+        "1",
+        "--threads",
+        "2",
+        "--gpus",
+        "-1",
+        *(["--dict", str(DATA / "dict" / "words.txt")] if dictionary else []),
+        *extra,
+    ]
     env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = psutil.Popen(command, env=env, cwd=code, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -98,25 +128,38 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="bench_datapath."))
     ref = tmp / "ref"
     try:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), args.ref], check=True,
-                       capture_output=True)
-        lists = {side: [subset(DATA / split / "data.list", tmp / f"{side}.{split}.list", size, side == "ref")
-                        for split, size in (("train", args.utterances), ("dev", max(1, args.utterances // 8)))]
-                 for side in ("ref", "now")}
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(ref), args.ref], check=True, capture_output=True
+        )
+        lists = {
+            side: [
+                subset(DATA / split / "data.list", tmp / f"{side}.{split}.list", size, side == "ref")
+                for split, size in (("train", args.utterances), ("dev", max(1, args.utterances // 8)))
+            ]
+            for side in ("ref", "now")
+        }
         results = {"ref": [], "now": []}
         for _ in range(args.runs):
             results["ref"].append(epoch(ref, *lists["ref"], tmp / "model_ref", args.ref_args.split(), False))
             results["now"].append(epoch(ROOT, *lists["now"], tmp / "model_now", []))
-        summary = {side: {"utt_per_s": statistics.median(r[0] for r in runs), "runs": [r[0] for r in runs],
-                          "peak_gib": max(r[1] for r in runs), "cpu_s": statistics.median(r[2] for r in runs)}
-                   for side, runs in results.items()}
+        summary = {
+            side: {
+                "utt_per_s": statistics.median(r[0] for r in runs),
+                "runs": [r[0] for r in runs],
+                "peak_gib": max(r[1] for r in runs),
+                "cpu_s": statistics.median(r[2] for r in runs),
+            }
+            for side, runs in results.items()
+        }
         ratio = summary["now"]["utt_per_s"] / summary["ref"]["utt_per_s"]
         print(f"| side | train utt/s (median of {args.runs}) | runs | CPU s of the whole run | peak RSS of the tree |")
         print("|---|---|---|---|---|")
         for side, label in (("ref", f"{args.ref} {args.ref_args}"), ("now", "working tree")):
             s = summary[side]
-            print(f"| {label} | {s['utt_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in s['runs'])} | "
-                  f"{s['cpu_s']:.0f} | {s['peak_gib']:.2f} GiB |")
+            print(
+                f"| {label} | {s['utt_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in s['runs'])} | "
+                f"{s['cpu_s']:.0f} | {s['peak_gib']:.2f} GiB |"
+            )
         print(f"ratio now / ref: {ratio:.2f}x ({args.utterances} utterances, 2 processes x 1 thread)")
         print(json.dumps(summary))
     finally:

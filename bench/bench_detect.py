@@ -68,7 +68,7 @@ def time_detector(runner, audio, chunk_samples, runs):
         detector.reset()
         start, cpu = time.perf_counter(), time.process_time()
         for i in range(0, audio.size, chunk_samples):
-            detector.accept(audio[i:i + chunk_samples])
+            detector.accept(audio[i : i + chunk_samples])
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
     return statistics.median(walls[1:]), statistics.median(cpus[1:])
@@ -97,8 +97,12 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=5, help="timed runs per model and backend (median; default 5)")
     parser.add_argument("--chunk-ms", type=float, nargs="+", default=[100.0], help="chunk sizes (default 100 ms)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="config/models/*.yaml names")
-    parser.add_argument("--backends", nargs="+", default=["torchscript", "onnx", "pytorch", "fbank"],
-                        help="torchscript, onnx, pytorch (eager), fbank (no model)")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["torchscript", "onnx", "pytorch", "fbank"],
+        help="torchscript, onnx, pytorch (eager), fbank (no model)",
+    )
     parser.add_argument("--results", default=str(ROOT / "bench" / "results.md"), help="Markdown file to update")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -110,8 +114,10 @@ def main(argv=None):
 
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(int(args.seconds * 16000))).astype(np.float32)
-    rows = ["| model | params | backend | chunk ms | audio s | median wall s | RTF (wall) | RTF (CPU time) |",
-            "|---|---:|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| model | params | backend | chunk ms | audio s | median wall s | RTF (wall) | RTF (CPU time) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
     print("\n".join(rows), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for config_name in args.configs:
@@ -130,17 +136,21 @@ def main(argv=None):
                     chunk_samples = int(round(16 * chunk_ms))
                     wall, cpu = time_detector(runner, audio, chunk_samples, args.runs)
                     name = "(none) | -" if backend == "fbank" else f"{config_name} | {params / 1000:.0f} K"
-                    row = (f"| {name} | {runner.backend} | {chunk_ms:g} | {args.seconds:g} "
-                           f"| {wall:.3f} | {wall / args.seconds:.4f} | {cpu / args.seconds:.4f} |")
+                    row = (
+                        f"| {name} | {runner.backend} | {chunk_ms:g} | {args.seconds:g} "
+                        f"| {wall:.3f} | {wall / args.seconds:.4f} | {cpu / args.seconds:.4f} |"
+                    )
                     rows.append(row)
                     print(row, flush=True)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" over {os.cpu_count()} CPUs"
-    header = [f"Machine: `nproc` = {os.cpu_count()}, {cpu_model()}; one thread (torch.set_num_threads(1), "
-              f"onnxruntime intra_op 1); torch {torch.__version__}, Python {platform.python_version()}.",
-              f"Random weights; {args.seconds:g} s of noise fed in chunks through incremental "
-              f"fbank + model + threshold/refractory; median of {args.runs} runs after a warm-up run. "
-              f"RTF = time / audio (target <= 0.01); CPU time is this process's, less sensitive to other jobs. "
-              f"Measured {time.strftime('%Y-%m-%d %H:%M')}, load average {load}."]
+    header = [
+        f"Machine: `nproc` = {os.cpu_count()}, {cpu_model()}; one thread (torch.set_num_threads(1), "
+        f"onnxruntime intra_op 1); torch {torch.__version__}, Python {platform.python_version()}.",
+        f"Random weights; {args.seconds:g} s of noise fed in chunks through incremental "
+        f"fbank + model + threshold/refractory; median of {args.runs} runs after a warm-up run. "
+        f"RTF = time / audio (target <= 0.01); CPU time is this process's, less sensitive to other jobs. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')}, load average {load}.",
+    ]
     if not args.no_write:
         update_results(args.results, rows, header)
         print(f"updated {args.results}", file=sys.stderr)

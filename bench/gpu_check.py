@@ -35,8 +35,12 @@ from kws.model import build_model  # noqa: E402
 def sample_utilisation(stop, samples):
     while not stop.is_set():
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=5).stdout.split()
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.split()
             samples.append(float(out[0]))
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             return
@@ -88,10 +92,15 @@ def loader_throughput(corpus, workers, batches=40):
     from kws.dataset import Featurizer, KwsDataset
 
     conf = load_model_config(REPO / "config/models/ds_tcn.yaml")
-    dataset = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], seed=666, rank=0, world_size=1,
-                         dictionary=read_dictionary(corpus / "dict" / "words.txt"))
-    featurize = Featurizer(conf["dataset_conf"], device="cuda" if torch.cuda.is_available() else "cpu",
-                           pin_memory=True)
+    dataset = KwsDataset(
+        corpus / "train" / "data.list",
+        conf["dataset_conf"],
+        seed=666,
+        rank=0,
+        world_size=1,
+        dictionary=read_dictionary(corpus / "dict" / "words.txt"),
+    )
+    featurize = Featurizer(conf["dataset_conf"], device="cuda" if torch.cuda.is_available() else "cpu", pin_memory=True)
     count, seen, start = 0, 0, None
     for epoch in range(1000):
         for batch in featurize.batches(dataset, epoch):
@@ -107,12 +116,40 @@ def loader_throughput(corpus, workers, batches=40):
 
 def torchrun_epoch(corpus, workdir):
     model_dir = workdir / "model"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node",
-               "1", str(REPO / "scripts/train.py"), "--gpus", "0", "--ddp.dist_backend", "nccl",
-               "--config", str(REPO / "config/models/ds_tcn.yaml"), "--max_epoch", "1",
-               "--train_data", str(corpus / "train/data.list"), "--cv_data", str(corpus / "dev/data.list"),
-               "--model_dir", str(model_dir), "--num_keywords", "2", "--min_duration", "50", "--num_workers", "8",
-               "--pin_memory", "--dict", str(corpus / "dict" / "words.txt")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "1",
+        str(REPO / "scripts/train.py"),
+        "--gpus",
+        "0",
+        "--ddp.dist_backend",
+        "nccl",
+        "--config",
+        str(REPO / "config/models/ds_tcn.yaml"),
+        "--max_epoch",
+        "1",
+        "--train_data",
+        str(corpus / "train/data.list"),
+        "--cv_data",
+        str(corpus / "dev/data.list"),
+        "--model_dir",
+        str(model_dir),
+        "--num_keywords",
+        "2",
+        "--min_duration",
+        "50",
+        "--num_workers",
+        "8",
+        "--pin_memory",
+        "--dict",
+        str(corpus / "dict" / "words.txt"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=400)
     if result.returncode != 0:
         return f"failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"
@@ -128,9 +165,14 @@ def main():
     parser.add_argument("--no-torchrun", action="store_true", help="skip the torchrun epoch (3.)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    lines = [f"# GPU check ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu dry run'})", "",
-             f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M')}", "",
-             "| what | figure |", "|---|---|"]
+    lines = [
+        f"# GPU check ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu dry run'})",
+        "",
+        f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        "| what | figure |",
+        "|---|---|",
+    ]
     best = 0.0
     for mode in ("fp32", "bf16", "compile"):
         try:
@@ -143,11 +185,33 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         corpus = workdir / "corpus"
-        subprocess.run([sys.executable, str(REPO / "scripts/synthesize_corpus.py"), "--out-dir", str(corpus),
-                        "--size", "small", "--threads", "8"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts/synthesize_corpus.py"),
+                "--out-dir",
+                str(corpus),
+                "--size",
+                "small",
+                "--threads",
+                "8",
+            ],
+            check=True,
+            capture_output=True,
+        )
         for split in ("train", "dev"):
-            subprocess.run([sys.executable, str(REPO / "scripts/make_list.py"), "--data-dir", str(corpus / split),
-                            "--dict", str(corpus / "dict/words.txt")], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "scripts/make_list.py"),
+                    "--data-dir",
+                    str(corpus / split),
+                    "--dict",
+                    str(corpus / "dict/words.txt"),
+                ],
+                check=True,
+                capture_output=True,
+            )
         rate = loader_throughput(corpus, workers=8)
         lines.append(f"| loader, 8 workers | {rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best step |")
         print(lines[-1], flush=True)

@@ -49,20 +49,84 @@ def run_chain(row, args, status):
     gpu = ["--gpus", "0", "--ddp.dist_backend", "nccl"] if args.device == "cuda" else ["--gpus", "-1"]
     overrides = [arg for item in shlex.split(row["overrides"]) for arg in ("--override", item)]
     steps = [
-        [python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "1",
-         str(REPO / "scripts/train.py"), "--config", row["model"], "--train_data", str(train_dir / "train/data.list"),
-         "--cv_data", str(data / "dev/data.list"), "--cmvn_file", str(cmvn), "--norm_var",
-         "--model_dir", str(run_dir / "model"), "--num_keywords", "2", "--seed", row["seed"],
-         "--num_workers", str(args.workers), "--min_duration", "50", "--threads", "1", "--dict",
-         str(data / "dict/words.txt"), *gpu, *overrides],
-        [python, str(REPO / "scripts/average_model.py"), "--model-dir", str(run_dir / "model"),
-         "--num", row["average"], "--mode", "best", "--out", str(run_dir / "avg.pt")],
-        [python, str(REPO / "scripts/score.py"), "--checkpoint", str(run_dir / "avg.pt"),
-         "--test-data", str(data / "test/data.list"), "--dict", str(data / "dict/words.txt"),
-         "--out", str(run_dir / "score.txt"), "--batch-size", "64", "--device", args.device],
-        [python, str(REPO / "scripts/compute_det.py"), "--score", str(run_dir / "score.txt"),
-         "--test-data", str(data / "test/data.list"), "--dict", str(data / "dict/words.txt"),
-         "--out-dir", str(run_dir), "--experiment", name],
+        [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "1",
+            str(REPO / "scripts/train.py"),
+            "--config",
+            row["model"],
+            "--train_data",
+            str(train_dir / "train/data.list"),
+            "--cv_data",
+            str(data / "dev/data.list"),
+            "--cmvn_file",
+            str(cmvn),
+            "--norm_var",
+            "--model_dir",
+            str(run_dir / "model"),
+            "--num_keywords",
+            "2",
+            "--seed",
+            row["seed"],
+            "--num_workers",
+            str(args.workers),
+            "--min_duration",
+            "50",
+            "--threads",
+            "1",
+            "--dict",
+            str(data / "dict/words.txt"),
+            *gpu,
+            *overrides,
+        ],
+        [
+            python,
+            str(REPO / "scripts/average_model.py"),
+            "--model-dir",
+            str(run_dir / "model"),
+            "--num",
+            row["average"],
+            "--mode",
+            "best",
+            "--out",
+            str(run_dir / "avg.pt"),
+        ],
+        [
+            python,
+            str(REPO / "scripts/score.py"),
+            "--checkpoint",
+            str(run_dir / "avg.pt"),
+            "--test-data",
+            str(data / "test/data.list"),
+            "--dict",
+            str(data / "dict/words.txt"),
+            "--out",
+            str(run_dir / "score.txt"),
+            "--batch-size",
+            "64",
+            "--device",
+            args.device,
+        ],
+        [
+            python,
+            str(REPO / "scripts/compute_det.py"),
+            "--score",
+            str(run_dir / "score.txt"),
+            "--test-data",
+            str(data / "test/data.list"),
+            "--dict",
+            str(data / "dict/words.txt"),
+            "--out-dir",
+            str(run_dir),
+            "--experiment",
+            name,
+        ],
     ]
     begin = time.monotonic()
     with open(run_dir / "log.txt", "w") as log:
@@ -78,9 +142,11 @@ def run_chain(row, args, status):
 
 
 def summary(rows, args, status):
-    lines = [f"| run | corpus | seed | overrides | status | {' | '.join(f'hi @{t:g}' for t in FA_TARGETS)} | "
-             f"{' | '.join(f'nihao @{t:g}' for t in FA_TARGETS)} | train / cv loss |",
-             "|" + "---|" * (6 + 2 * len(FA_TARGETS)) + ""]
+    lines = [
+        f"| run | corpus | seed | overrides | status | {' | '.join(f'hi @{t:g}' for t in FA_TARGETS)} | "
+        f"{' | '.join(f'nihao @{t:g}' for t in FA_TARGETS)} | train / cv loss |",
+        "|" + "---|" * (6 + 2 * len(FA_TARGETS)) + "",
+    ]
     for row in rows:
         run_dir = Path(args.results) / "sweep" / row["name"]
         cells = []
@@ -94,8 +160,10 @@ def summary(rows, args, status):
             if body:
                 last = body[-1]
                 losses = f"{float(last[header.index('train_loss')]):.3f} / {float(last[header.index('cv_loss')]):.3f}"
-        lines.append(f"| {row['name']} | {row['corpus']} | {row['seed']} | {row['overrides'] or '-'} | "
-                     f"{status[row['name']][0]} | {' | '.join(cells)} | {losses} |")
+        lines.append(
+            f"| {row['name']} | {row['corpus']} | {row['seed']} | {row['overrides'] or '-'} | "
+            f"{status[row['name']][0]} | {' | '.join(cells)} | {losses} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -110,12 +178,26 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated run names")
     args = parser.parse_args()
     with open(args.sweep) as handle:
-        rows = [row for row in csv.DictReader((line for line in handle if not line.startswith("#")), delimiter="\t")
-                if not args.only or row["name"] in args.only.split(",")]
+        rows = [
+            row
+            for row in csv.DictReader((line for line in handle if not line.startswith("#")), delimiter="\t")
+            if not args.only or row["name"] in args.only.split(",")
+        ]
     big = Path(args.results) / "big"
     if any(row["corpus"] == "big" for row in rows):
-        subprocess.run([sys.executable, str(REPO / "scripts/make_list.py"), "--data-dir", str(big / "train"),
-                        "--dict", str(big / "dict/words.txt"), "--threads", "8"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts/make_list.py"),
+                "--data-dir",
+                str(big / "train"),
+                "--dict",
+                str(big / "dict/words.txt"),
+                "--threads",
+                "8",
+            ],
+            check=True,
+        )
     status = {row["name"]: ("waiting", None) for row in rows}
     threads = [threading.Thread(target=run_chain, args=(row, args, status), daemon=True) for row in rows]
     for thread in threads:
@@ -128,8 +210,10 @@ def main():
             subprocess.run(["pkill", "-TERM", "-s", str(proc.pid)])
             status[name] = ("stopped at the deadline", None)
     table = summary(rows, args, status)
-    Path(args.out).write_text(f"# Recipe sweep on one GPU ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
-                              "FRR % at 0 / 1 / 2 / 5 false alarms per hour on the default test split.\n\n" + table)
+    Path(args.out).write_text(
+        f"# Recipe sweep on one GPU ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
+        "FRR % at 0 / 1 / 2 / 5 false alarms per hour on the default test split.\n\n" + table
+    )
     print(table)
 
 

@@ -83,6 +83,7 @@ def fmt(x, digits=3):
 
 # -- corpus ---------------------------------------------------------------------------------------
 
+
 def find_corpus(args, tmp):
     if args.corpus:
         return Path(args.corpus), f"{args.corpus} (given)"
@@ -103,17 +104,44 @@ def find_corpus(args, tmp):
                 item["wav"] = str(dst)
             write_data_list(out / split / "data.list", items)
         shutil.copytree(default / "dict", out / "dict")
-        return out, (f"results/data/synthetic (the default corpus of a default run: {', '.join(splits)}; "
-                     f"copied to a temporary folder first)")
+        return out, (
+            f"results/data/synthetic (the default corpus of a default run: {', '.join(splits)}; "
+            f"copied to a temporary folder first)"
+        )
     out = Path(tmp) / "corpus"
     print(f"default corpus not found: synthesising a `small` corpus in {out}", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "synthesize_corpus.py"), "--out-dir", str(out),
-                    "--size", "small", "--seed", "666", "--augment", "--threads", "2"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "synthesize_corpus.py"),
+            "--out-dir",
+            str(out),
+            "--size",
+            "small",
+            "--seed",
+            "666",
+            "--augment",
+            "--threads",
+            "2",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     for split in ("train", "dev", "test"):
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_list.py"), "--data-dir", str(out / split),
-                        "--dict", str(out / "dict" / "words.txt"), "--threads", "2"], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "make_list.py"),
+                "--data-dir",
+                str(out / split),
+                "--dict",
+                str(out / "dict" / "words.txt"),
+                "--threads",
+                "2",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return out, "a `small` synthetic corpus synthesised in a temporary folder (no default run's corpus found)"
 
 
@@ -131,6 +159,7 @@ def build_caches(corpus, tmp):
 
 
 # -- a: loss --------------------------------------------------------------------------------------
+
 
 def bench_loss(table, args):
     import torch
@@ -160,12 +189,20 @@ def bench_loss(table, args):
         t_vec = median_time(vec, args.runs * 3)
         t_ref = median_time(ref, max(1, args.runs if keywords == 2 else 1), warmup=0) * 256 / ref_batch
         note = "" if ref_batch == 256 else f"loop timed on {ref_batch} utterances x {256 // ref_batch}"
-        table.add("a loss", f"max_pooling_loss fwd+bwd, 256x200, {keywords} keywords, 1 thread",
-                  fmt(1000 * t_vec), "ms", f"{fmt(1000 * t_ref)} ms (loop)", f"{t_ref / t_vec:.0f}x",
-                  ">= 50x" + (", < 20 ms" if keywords == 100 else ""), note)
+        table.add(
+            "a loss",
+            f"max_pooling_loss fwd+bwd, 256x200, {keywords} keywords, 1 thread",
+            fmt(1000 * t_vec),
+            "ms",
+            f"{fmt(1000 * t_ref)} ms (loop)",
+            f"{t_ref / t_vec:.0f}x",
+            ">= 50x" + (", < 20 ms" if keywords == 100 else ""),
+            note,
+        )
 
 
 # -- b: loader vs model ---------------------------------------------------------------------------
+
 
 def bench_loader(table, args, corpus, caches):
     import torch
@@ -184,8 +221,14 @@ def bench_loader(table, args, corpus, caches):
 
     def loader_rate():
         torch.set_num_threads(1)
-        ds = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], items=items, rank=0, world_size=1,
-                        store=caches["train"][0])
+        ds = KwsDataset(
+            corpus / "train" / "data.list",
+            conf["dataset_conf"],
+            items=items,
+            rank=0,
+            world_size=1,
+            store=caches["train"][0],
+        )
         count = [0]
 
         def run():
@@ -197,8 +240,14 @@ def bench_loader(table, args, corpus, caches):
     cached = loader_rate()
 
     torch.set_num_threads(1)
-    ds = KwsDataset(corpus / "train" / "data.list", conf["dataset_conf"], items=items[:640], rank=0, world_size=1,
-                    store=caches["train"][0])
+    ds = KwsDataset(
+        corpus / "train" / "data.list",
+        conf["dataset_conf"],
+        items=items[:640],
+        rank=0,
+        world_size=1,
+        store=caches["train"][0],
+    )
     batches = list(featurize.batches(ds, 1))[:8]
     torch.manual_seed(0)
     model = build_model(conf["model"], 40, 2, None)
@@ -219,25 +268,62 @@ def bench_loader(table, args, corpus, caches):
     t = median_time(train_steps, args.runs)
     model_rate = steps[0] / t
     frames = statistics.mean(float(b[2].float().mean()) for b in batches)
-    table.add("b loader", "audio store slices + fbank on the batch, 1 thread", fmt(cached), "utt/s",
-              f"{fmt(model_rate)} utt/s (model step, 1 thread)", f"{cached / model_rate:.2f}x", ">= 3x",
-              f"{len(items)} utterances, mean {frames:.0f} frames")
+    table.add(
+        "b loader",
+        "audio store slices + fbank on the batch, 1 thread",
+        fmt(cached),
+        "utt/s",
+        f"{fmt(model_rate)} utt/s (model step, 1 thread)",
+        f"{cached / model_rate:.2f}x",
+        ">= 3x",
+        f"{len(items)} utterances, mean {frames:.0f} frames",
+    )
     return model_rate
 
 
 # -- c / threads: training epochs -----------------------------------------------------------------
+
 
 def train_epoch(corpus, out, processes, threads, workers, caches=None, train_list=None, overrides=()):
     """One epoch of scripts/train.py under torchrun; returns (epoch seconds, train utt/s) from its log."""
     if out.exists():
         shutil.rmtree(out)
     train_list = train_list or corpus / "train" / "data.list"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc_per_node", str(processes), str(ROOT / "scripts" / "train.py"), "--config", str(MODEL),
-           "--train_data", str(train_list), "--cv_data", str(corpus / "dev" / "data.list"),
-           "--model_dir", str(out), "--num_keywords", "2", "--min_duration", "50", "--seed", "666",
-           "--max_epoch", "1", "--num_workers", str(workers), "--threads", str(threads * processes),
-           "--gpus", "-1", "--dict", str(corpus / "dict" / "words.txt")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(processes),
+        str(ROOT / "scripts" / "train.py"),
+        "--config",
+        str(MODEL),
+        "--train_data",
+        str(train_list),
+        "--cv_data",
+        str(corpus / "dev" / "data.list"),
+        "--model_dir",
+        str(out),
+        "--num_keywords",
+        "2",
+        "--min_duration",
+        "50",
+        "--seed",
+        "666",
+        "--max_epoch",
+        "1",
+        "--num_workers",
+        str(workers),
+        "--threads",
+        str(threads * processes),
+        "--gpus",
+        "-1",
+        "--dict",
+        str(corpus / "dict" / "words.txt"),
+    ]
     for override in overrides:
         cmd += ["--override", override]
     if caches:
@@ -265,9 +351,16 @@ def bench_epoch(table, args, corpus, caches, tmp):
             key = (processes, label)
             base[key] = seconds
             ref = base.get((processes, "store packed by the trainer"))
-            table.add("c epoch", f"1 epoch, {processes} process(es) x 1 thread, 1 worker, {label}", fmt(rate),
-                      "utt/s", "" if cache is None else f"{fmt(ref)} s packing included",
-                      "" if cache is None else f"{ref / seconds:.2f}x", "", f"epoch {fmt(seconds)} s incl. CV")
+            table.add(
+                "c epoch",
+                f"1 epoch, {processes} process(es) x 1 thread, 1 worker, {label}",
+                fmt(rate),
+                "utt/s",
+                "" if cache is None else f"{fmt(ref)} s packing included",
+                "" if cache is None else f"{ref / seconds:.2f}x",
+                "",
+                f"epoch {fmt(seconds)} s incl. CV",
+            )
 
 
 def padded_frames(corpus, sort):
@@ -279,8 +372,13 @@ def padded_frames(corpus, sort):
     conf = load_model_config(MODEL)["dataset_conf"]
     conf = dict(conf, sort=sort, spec_aug=False, fbank_conf=dict(conf["fbank_conf"], dither=0.0))
     padded = real = 0
-    dataset = KwsDataset(corpus / "train" / "data.list", conf, rank=0, world_size=1,
-                         dictionary=read_dictionary(corpus / "dict" / "words.txt"))
+    dataset = KwsDataset(
+        corpus / "train" / "data.list",
+        conf,
+        rank=0,
+        world_size=1,
+        dictionary=read_dictionary(corpus / "dict" / "words.txt"),
+    )
     for _, feats, lengths, _ in Featurizer(conf).batches(dataset, 0):
         padded += feats.shape[0] * feats.shape[1]
         real += int(lengths.sum())
@@ -290,14 +388,21 @@ def padded_frames(corpus, sort):
 def bench_sort(table, args, corpus, tmp):
     base = None
     for sort in (False, True):
-        seconds, rate = median_epoch(args.runs, corpus, Path(tmp) / "sort", 1, 1, 1,
-                                     overrides=[f"dataset_conf.sort={str(sort).lower()}"])
+        seconds, rate = median_epoch(
+            args.runs, corpus, Path(tmp) / "sort", 1, 1, 1, overrides=[f"dataset_conf.sort={str(sort).lower()}"]
+        )
         padded, real = padded_frames(corpus, sort)
         base = base or seconds
-        table.add("c sort", f"1 epoch, 1 process x 1 thread, 1 worker, sort {'on' if sort else 'off'}",
-                  fmt(rate), "utt/s", "" if not sort else f"{fmt(base)} s unsorted",
-                  "" if not sort else f"{base / seconds:.2f}x", "",
-                  f"epoch {fmt(seconds)} s incl. CV; padded frames {padded / real:.2f}x the real ones")
+        table.add(
+            "c sort",
+            f"1 epoch, 1 process x 1 thread, 1 worker, sort {'on' if sort else 'off'}",
+            fmt(rate),
+            "utt/s",
+            "" if not sort else f"{fmt(base)} s unsorted",
+            "" if not sort else f"{base / seconds:.2f}x",
+            "",
+            f"epoch {fmt(seconds)} s incl. CV; padded frames {padded / real:.2f}x the real ones",
+        )
 
 
 def bench_threads(table, args, corpus, caches, tmp):
@@ -309,13 +414,23 @@ def bench_threads(table, args, corpus, caches, tmp):
     for label, cache in (("on-the-fly", None), ("cache", caches)):
         for threads in (1, 2):
             for workers in (0, 1, 2):
-                seconds, rate = median_epoch(args.runs, corpus, Path(tmp) / "sweep", 1, threads, workers, cache,
-                                             train_list=subset)
-                table.add("threads", f"1 process x {threads} thread(s) x {workers} worker(s), {label}", fmt(rate),
-                          "utt/s", "", "", "", f"epoch {fmt(seconds)} s, {len(items)} utts + CV")
+                seconds, rate = median_epoch(
+                    args.runs, corpus, Path(tmp) / "sweep", 1, threads, workers, cache, train_list=subset
+                )
+                table.add(
+                    "threads",
+                    f"1 process x {threads} thread(s) x {workers} worker(s), {label}",
+                    fmt(rate),
+                    "utt/s",
+                    "",
+                    "",
+                    "",
+                    f"epoch {fmt(seconds)} s, {len(items)} utts + CV",
+                )
 
 
 # -- d: pipeline ----------------------------------------------------------------------------------
+
 
 def bench_pipeline(table, args, tmp):
     sys.path.insert(0, str(ROOT / "tests"))
@@ -334,13 +449,37 @@ def bench_pipeline(table, args, tmp):
             per_rule[rule] = per_rule.get(rule, 0.0) + seconds
             total += seconds
         for rule, seconds in sorted(per_rule.items(), key=lambda kv: -kv[1]):
-            table.add("d pipeline", f"default pipeline: {rule}", fmt(seconds), "s", "", "", "",
-                      "results/benchmarks (lead's default run), one run")
-        table.add("d pipeline", "default pipeline: sum of job times", fmt(total), "s", "", "", "",
-                  "jobs run 2 at a time where independent, so wall time is at most this")
+            table.add(
+                "d pipeline",
+                f"default pipeline: {rule}",
+                fmt(seconds),
+                "s",
+                "",
+                "",
+                "",
+                "results/benchmarks (lead's default run), one run",
+            )
+        table.add(
+            "d pipeline",
+            "default pipeline: sum of job times",
+            fmt(total),
+            "s",
+            "",
+            "",
+            "",
+            "jobs run 2 at a time where independent, so wall time is at most this",
+        )
     else:
-        table.add("d pipeline", "default pipeline", "n/a", "", "", "", "",
-                  "no finished default run in results/ (run `snakemake --cores 2` and re-run the bench)")
+        table.add(
+            "d pipeline",
+            "default pipeline",
+            "n/a",
+            "",
+            "",
+            "",
+            "",
+            "no finished default run in results/ (run `snakemake --cores 2` and re-run the bench)",
+        )
 
     work = make_workdir(Path(tmp) / "pipeline")
     config = json.loads(json.dumps(TINY_CONFIG))
@@ -356,13 +495,22 @@ def bench_pipeline(table, args, tmp):
     rerun = time.perf_counter() - start
     jobs = planned_jobs(second)
     table.add("d pipeline", "tiny pipeline from an empty results folder", fmt(full), "s", "", "", "", "one run")
-    table.add("d pipeline", "rerun after det.window_shift 50 -> 40", fmt(rerun), "s", f"{fmt(full)} s full",
-              f"{100 * rerun / full:.1f}%", "< 5%, no training",
-              "jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(jobs.items()) if k != "total") +
-              ("; train: NOT rerun" if "train" not in jobs else "; train RERAN"))
+    table.add(
+        "d pipeline",
+        "rerun after det.window_shift 50 -> 40",
+        fmt(rerun),
+        "s",
+        f"{fmt(full)} s full",
+        f"{100 * rerun / full:.1f}%",
+        "< 5%, no training",
+        "jobs: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(jobs.items()) if k != "total")
+        + ("; train: NOT rerun" if "train" not in jobs else "; train RERAN"),
+    )
 
 
 # -- e: scoring -----------------------------------------------------------------------------------
+
 
 def bench_score(table, args, corpus, tmp):
     import torch
@@ -376,8 +524,7 @@ def bench_score(table, args, corpus, tmp):
     torch.manual_seed(0)
     model = build_model(conf["model"], 40, 2, None)
     ckpt = Path(tmp) / "random.pt"
-    torch.save({"model": model.state_dict(), "config": conf, "num_keywords": 2, "input_dim": 40,
-                "epoch": "avg"}, ckpt)
+    torch.save({"model": model.state_dict(), "config": conf, "num_keywords": 2, "input_dim": 40, "epoch": "avg"}, ckpt)
     split = "test" if (corpus / "test" / "data.list").is_file() else "dev"
     items = read_data_list(corpus / split / "data.list")
     limit = 900.0 if args.quick else 3600.0
@@ -393,23 +540,32 @@ def bench_score(table, args, corpus, tmp):
     wall = []
     for _ in range(args.runs):
         c0, w0 = time.process_time(), time.perf_counter()
-        score(ckpt, test, corpus / "dict" / "words.txt", Path(tmp) / "score.txt", batch_size=64, device="cpu",
-              threads=1)
+        score(
+            ckpt, test, corpus / "dict" / "words.txt", Path(tmp) / "score.txt", batch_size=64, device="cpu", threads=1
+        )
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
     c, w = statistics.median(cpu), statistics.median(wall)
-    table.add("e score", "kws.score, ds_tcn_small (random weights), 1 thread", fmt(seconds / c), "audio s / CPU s",
-              f"wall: {fmt(seconds / w)} audio s / s", "", "",
-              f"{len(chosen)} {split} utterances, {seconds / 60:.1f} min of audio (decode + fbank + model + write)")
+    table.add(
+        "e score",
+        "kws.score, ds_tcn_small (random weights), 1 thread",
+        fmt(seconds / c),
+        "audio s / CPU s",
+        f"wall: {fmt(seconds / w)} audio s / s",
+        "",
+        "",
+        f"{len(chosen)} {split} utterances, {seconds / 60:.1f} min of audio (decode + fbank + model + write)",
+    )
 
 
 # -- results.md -----------------------------------------------------------------------------------
+
 
 def previous_rows(text, sections):
     """Table rows of the existing section whose benchmark was not run this time (kept, marked)."""
     match = re.search(re.escape(SECTION) + r"\n(.*?)(?=\n## |\Z)", text, re.S)
     kept = []
-    for line in (match.group(1).splitlines() if match else []):
+    for line in match.group(1).splitlines() if match else []:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 8 and cells[0] not in ("section",) and not set(cells[0]) <= set("-"):
             name = cells[0].split()[-1]
@@ -457,20 +613,24 @@ def main():
     import torch
 
     load = os.getloadavg()
-    header = (f"Machine: nproc = {os.cpu_count()}, {cpu_model()}; torch {torch.__version__}, Python "
-              f"{platform.python_version()}; torch.get_num_threads() = {torch.get_num_threads()} at start, "
-              f"OMP_NUM_THREADS = {os.environ.get('OMP_NUM_THREADS', 'unset')}. Thread settings per figure are in "
-              f"its row (benchmarks pin 1 torch thread unless the row says otherwise). Median of {args.runs} "
-              f"run(s) per figure unless noted. Measured {datetime.datetime.now():%Y-%m-%d %H:%M}, load average "
-              f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} over {os.cpu_count()} CPUs (a shared, noisy machine: "
-              f"compare ratios measured in the same run).")
+    header = (
+        f"Machine: nproc = {os.cpu_count()}, {cpu_model()}; torch {torch.__version__}, Python "
+        f"{platform.python_version()}; torch.get_num_threads() = {torch.get_num_threads()} at start, "
+        f"OMP_NUM_THREADS = {os.environ.get('OMP_NUM_THREADS', 'unset')}. Thread settings per figure are in "
+        f"its row (benchmarks pin 1 torch thread unless the row says otherwise). Median of {args.runs} "
+        f"run(s) per figure unless noted. Measured {datetime.datetime.now():%Y-%m-%d %H:%M}, load average "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} over {os.cpu_count()} CPUs (a shared, noisy machine: "
+        f"compare ratios measured in the same run)."
+    )
     from kws.config import load_model_config
 
     model_conf = load_model_config(MODEL)
-    header += (f" Default model {MODEL.name} as measured: batch_size "
-               f"{model_conf['dataset_conf']['batch_conf'].get('batch_size')}, hidden_dim "
-               f"{model_conf['model']['hidden_dim']}, backbone dropout "
-               f"{model_conf['model']['backbone'].get('dropout')}.")
+    header += (
+        f" Default model {MODEL.name} as measured: batch_size "
+        f"{model_conf['dataset_conf']['batch_conf'].get('batch_size')}, hidden_dim "
+        f"{model_conf['model']['hidden_dim']}, backbone dropout "
+        f"{model_conf['model']['backbone'].get('dropout')}."
+    )
     table = Table()
     print(header)
     with tempfile.TemporaryDirectory(prefix="kwsbench.") as tmp:
@@ -481,8 +641,16 @@ def main():
             print(f"corpus: {corpus_note}")
         if set(sections) & {"loader", "epoch", "threads"}:
             caches = build_caches(corpus, tmp)
-            table.add("cache", "build the train feature cache (2 processes)", fmt(caches["train"][1]), "s", "", "",
-                      "", "scripts/cache_features.py, float32, one run")
+            table.add(
+                "cache",
+                "build the train feature cache (2 processes)",
+                fmt(caches["train"][1]),
+                "s",
+                "",
+                "",
+                "",
+                "scripts/cache_features.py, float32, one run",
+            )
         for name in sections:
             if name == "loss":
                 bench_loss(table, args)
@@ -502,9 +670,23 @@ def main():
                 raise SystemExit(f"unknown section {name!r} ({', '.join(ALL)})")
     print(table.markdown())
     if not args.no_write:
-        write_results(table, header, f"`python bench/run.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
-                      [{"loss": "loss", "loader": "loader", "epoch": "epoch", "sort": "sort", "threads": "threads",
-                        "pipeline": "pipeline", "score": "score"}[x] for x in sections])
+        write_results(
+            table,
+            header,
+            f"`python bench/run.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+            [
+                {
+                    "loss": "loss",
+                    "loader": "loader",
+                    "epoch": "epoch",
+                    "sort": "sort",
+                    "threads": "threads",
+                    "pipeline": "pipeline",
+                    "score": "score",
+                }[x]
+                for x in sections
+            ],
+        )
     return 0
 
 

@@ -29,9 +29,7 @@ def wav_info(path, expected_rate=SAMPLE_RATE):
             f"(convert it, e.g. `sox in.wav -r {expected_rate} out.wav`)"
         )
     if info.channels != 1:
-        raise KwsError(
-            f"{path}: {info.channels} channels, expected mono (down-mix it, e.g. `sox in.wav -c 1 out.wav`)"
-        )
+        raise KwsError(f"{path}: {info.channels} channels, expected mono (down-mix it, e.g. `sox in.wav -c 1 out.wav`)")
     if info.frames == 0:
         raise KwsError(f"{path}: audio file is empty (0 samples)")
     return info.frames / info.samplerate

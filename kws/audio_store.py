@@ -55,14 +55,14 @@ def build_store(data_list, out_dir, threads=1, items=None):
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        tasks = [[str(item["wav"]) for item in items[i:i + CHUNK]] for i in range(0, len(items), CHUNK)]
+        tasks = [[str(item["wav"]) for item in items[i : i + CHUNK]] for i in range(0, len(items), CHUNK)]
         workers = min(max(1, int(threads)), max(1, len(tasks)))
         pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
         offsets = np.zeros(len(items) + 1, dtype=np.int64)
         try:
             with open(tmp / "samples.raw", "wb") as raw:
                 index = 0
-                for chunk in (pool.imap(_decode_chunk, tasks) if pool else map(_decode_chunk, tasks)):
+                for chunk in pool.imap(_decode_chunk, tasks) if pool else map(_decode_chunk, tasks):
                     for samples in chunk:
                         raw.write(samples.tobytes())
                         offsets[index + 1] = offsets[index] + samples.size
@@ -73,14 +73,22 @@ def build_store(data_list, out_dir, threads=1, items=None):
                 pool.join()
         # .npy = a header + the raw bytes: write the header, then append the samples without a copy in memory.
         with open(tmp / "samples.npy", "wb") as out, open(tmp / "samples.raw", "rb") as raw:
-            np.lib.format.write_array_header_1_0(out, {"descr": "<i2", "fortran_order": False,
-                                                       "shape": (int(offsets[-1]),)})
+            np.lib.format.write_array_header_1_0(
+                out, {"descr": "<i2", "fortran_order": False, "shape": (int(offsets[-1]),)}
+            )
             shutil.copyfileobj(raw, out, 1 << 22)
         (tmp / "samples.raw").unlink()
         np.save(tmp / "offsets.npy", offsets)
-        meta = {"format": FORMAT, "version": VERSION, "keys": keys, "wavs": [str(item["wav"]) for item in items],
-                "sample_rate": 16000, "num_samples": int(offsets[-1]), "data_list": str(data_list),
-                "data_list_sha256": file_digest(data_list) if data_list.is_file() else None}
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "keys": keys,
+            "wavs": [str(item["wav"]) for item in items],
+            "sample_rate": 16000,
+            "num_samples": int(offsets[-1]),
+            "data_list": str(data_list),
+            "data_list_sha256": file_digest(data_list) if data_list.is_file() else None,
+        }
         with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; a store is an ordinary output folder
@@ -118,8 +126,9 @@ class AudioStore:
             self.offsets = np.load(self.path / "offsets.npy", allow_pickle=False)
             samples = np.load(self.path / "samples.npy", mmap_mode="r", allow_pickle=False)
         except FileNotFoundError as err:
-            raise KwsError(f"{self.path}: audio store is incomplete ({Path(err.filename).name} missing); "
-                           f"rebuild it") from None
+            raise KwsError(
+                f"{self.path}: audio store is incomplete ({Path(err.filename).name} missing); rebuild it"
+            ) from None
         except (ValueError, OSError, EOFError) as err:
             raise KwsError(f"{self.path}: audio store is corrupt ({err}); rebuild it") from None
         offsets = self.offsets
@@ -128,8 +137,9 @@ class AudioStore:
             problem = f"offsets.npy has shape {offsets.shape}, expected ({len(self.keys) + 1},)"
         elif offsets[0] != 0 or np.any(np.diff(offsets) < 0):
             problem = "offsets.npy is not an increasing index starting at 0"
-        elif (samples.dtype != np.int16 or samples.shape != (int(offsets[-1]),)
-              or offsets[-1] != meta.get("num_samples")):
+        elif (
+            samples.dtype != np.int16 or samples.shape != (int(offsets[-1]),) or offsets[-1] != meta.get("num_samples")
+        ):
             problem = f"samples.npy is {samples.dtype} {samples.shape}, the index says int16 ({int(offsets[-1])},)"
         elif len(set(self.keys)) != len(self.keys):
             problem = "duplicate keys in meta.json"
@@ -144,24 +154,31 @@ class AudioStore:
     def _check_current(self, data_list, items):
         """The store holds the audio of `data_list` (by digest) or at least of every item (by wav)."""
         meta = self.meta
-        stale = (data_list is not None and meta.get("data_list_sha256") is not None and Path(data_list).is_file()
-                 and file_digest(data_list) != meta["data_list_sha256"])
+        stale = (
+            data_list is not None
+            and meta.get("data_list_sha256") is not None
+            and Path(data_list).is_file()
+            and file_digest(data_list) != meta["data_list_sha256"]
+        )
         if stale and items is None:
-            raise KwsError(f"{self.path}: audio store is stale: {data_list} changed since it was built "
-                           f"(from {meta.get('data_list')}); rebuild it")
+            raise KwsError(
+                f"{self.path}: audio store is stale: {data_list} changed since it was built "
+                f"(from {meta.get('data_list')}); rebuild it"
+            )
         if items is None:
             return
         wavs = meta.get("wavs") or []
         for item in items:
             i = self.row.get(item["key"])
             if i is None:
-                raise KwsError(f"{self.path}: audio store has no audio for {item['key']} of the data list; "
-                               f"rebuild it")
+                raise KwsError(f"{self.path}: audio store has no audio for {item['key']} of the data list; rebuild it")
             if stale and (i >= len(wavs) or wavs[i] != str(item["wav"])):
                 # Another list (e.g. a subset) is fine when every utterance maps to the same wav as when packed.
-                raise KwsError(f"{self.path}: audio store is stale: {data_list} changed since it was built "
-                               f"(from {meta.get('data_list')}; {item['key']} now reads {item['wav']}); "
-                               f"rebuild it")
+                raise KwsError(
+                    f"{self.path}: audio store is stale: {data_list} changed since it was built "
+                    f"(from {meta.get('data_list')}; {item['key']} now reads {item['wav']}); "
+                    f"rebuild it"
+                )
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -178,7 +195,7 @@ class AudioStore:
         return len(self.keys)
 
     def samples(self, row):
-        return self.all_samples[self.offsets[row]:self.offsets[row + 1]]
+        return self.all_samples[self.offsets[row] : self.offsets[row + 1]]
 
 
 class MemoryStore:

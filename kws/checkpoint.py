@@ -37,6 +37,7 @@ def sidecar_name(epoch):
 
 # -- writing -------------------------------------------------------------------------------------
 
+
 def save_checkpoint(model_dir, payload, sidecar):
     """Write `epoch_NNN.pt` and then its sidecar `epoch_NNN.yaml`, each atomically. Returns the .pt path."""
     model_dir = Path(model_dir)
@@ -53,6 +54,7 @@ def write_yaml(path, data):
 
 
 # -- reading -------------------------------------------------------------------------------------
+
 
 def load_payload(path, map_location="cpu"):
     """torch.load a checkpoint (weights_only); KwsError naming the file when it is missing or unreadable."""
@@ -102,8 +104,9 @@ def find_resume_checkpoint(model_dir, map_location="cpu"):
             log.warning("resuming from %s instead of %s", path, ", ".join(str(b) for b in bad))
         return epoch, path, payload
     if bad:
-        log.warning("no loadable checkpoint in %s (bad: %s); starting from scratch",
-                    model_dir, ", ".join(str(b) for b in bad))
+        log.warning(
+            "no loadable checkpoint in %s (bad: %s); starting from scratch", model_dir, ", ".join(str(b) for b in bad)
+        )
     return None
 
 
@@ -123,8 +126,9 @@ def load_model(path, device="cpu"):
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as err:
-        raise KwsError(f"{path}: weights do not fit the model its config describes "
-                       f"({str(err).splitlines()[0][:200]})") from None
+        raise KwsError(
+            f"{path}: weights do not fit the model its config describes ({str(err).splitlines()[0][:200]})"
+        ) from None
     model.to(device)
     model.eval()
     return model, payload

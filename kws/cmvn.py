@@ -58,7 +58,7 @@ def compute_cmvn(items, fbank_conf=None, threads=1, source="data.list", chunk_si
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise KwsError(f"fbank_conf.{name}: must be a positive number, got {value!r}")
     pairs = [(item["key"], item["wav"]) for item in items]
-    tasks = [(str(source), pairs[start:start + chunk_size], fbank_conf) for start in range(0, len(pairs), chunk_size)]
+    tasks = [(str(source), pairs[start : start + chunk_size], fbank_conf) for start in range(0, len(pairs), chunk_size)]
     dim = int(fbank_conf["num_mel_bins"])
     total = np.zeros(dim, dtype=np.float64)
     total_sq = np.zeros(dim, dtype=np.float64)
@@ -105,13 +105,14 @@ def check_cmvn(stats, source="global_cmvn"):
         raise KwsError(f"{source}: frame_num must be a positive number, got {frames!r}")
     for name in ("mean_stat", "var_stat"):
         values = stats[name]
-        if (not isinstance(values, list) or not values
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                           for v in values)):
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+        ):
             raise KwsError(f"{source}: {name} must be a non-empty list of finite numbers")
     if len(stats["mean_stat"]) != len(stats["var_stat"]):
-        raise KwsError(f"{source}: mean_stat has {len(stats['mean_stat'])} values, "
-                       f"var_stat {len(stats['var_stat'])}")
+        raise KwsError(f"{source}: mean_stat has {len(stats['mean_stat'])} values, var_stat {len(stats['var_stat'])}")
     return stats
 
 

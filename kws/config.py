@@ -49,8 +49,17 @@ def apply_overrides(conf, overrides, source="overrides"):
 # kwsflow records its CMVN settings under `cmvn`, and the dropout before its linear output layer under
 # `classifier_dropout` (WeKws ignores the key: its linear layer has no dropout, which changes nothing at
 # inference). `classifier` is read for older kwsflow configs only: WeKws knows no `linear` type there.
-MODEL_KEYS = {"hidden_dim", "preprocessing", "backbone", "classifier", "classifier_dropout", "activation",
-              "input_dim", "output_dim", "cmvn"}
+MODEL_KEYS = {
+    "hidden_dim",
+    "preprocessing",
+    "backbone",
+    "classifier",
+    "classifier_dropout",
+    "activation",
+    "input_dim",
+    "output_dim",
+    "cmvn",
+}
 
 # Every backbone key kwsflow reads, with its default; configs are written with all of them, because
 # WeKws requires some that kwsflow defaults (tcn/gru num_layers; every mdtc key). mdtc's hidden_dim
@@ -98,9 +107,11 @@ def normalise_dataset_conf(dataset_conf, where="dataset_conf"):
     _mapping(conf, "filter_conf", where)
     for name, value in DEFAULT_FILTER.items():
         conf["filter_conf"].setdefault(name, value)
-    for switch, section, defaults in (("shuffle", "shuffle_conf", {"shuffle_size": DEFAULT_SHUFFLE_SIZE}),
-                                      ("sort", "sort_conf", {"sort_size": DEFAULT_SORT_SIZE}),
-                                      ("spec_aug", "spec_aug_conf", DEFAULT_SPEC_AUG)):
+    for switch, section, defaults in (
+        ("shuffle", "shuffle_conf", {"shuffle_size": DEFAULT_SHUFFLE_SIZE}),
+        ("sort", "sort_conf", {"sort_size": DEFAULT_SORT_SIZE}),
+        ("spec_aug", "spec_aug_conf", DEFAULT_SPEC_AUG),
+    ):
         conf[switch] = bool(conf.get(switch, False))
         if conf[switch]:
             values = _mapping(conf, section, where)
@@ -150,8 +161,10 @@ def normalise_model_conf(model_conf, where="model"):
             raise KwsError(f"{where}.classifier: expected a mapping, got {classifier!r}")
         ctype = classifier.get("type", "linear")
         if ctype in WEKWS_CLASSIFIERS:
-            raise KwsError(f"{where}.classifier.type: WeKws's {ctype!r} classifier (utterance classification) is "
-                           f"not supported; leave model.classifier out for the per-frame linear layer")
+            raise KwsError(
+                f"{where}.classifier.type: WeKws's {ctype!r} classifier (utterance classification) is "
+                f"not supported; leave model.classifier out for the per-frame linear layer"
+            )
         if ctype != "linear":
             raise KwsError(f"{where}.classifier.type: unknown classifier {ctype!r} (leave model.classifier out)")
         unknown = sorted(set(classifier) - {"type", "dropout"})
@@ -186,8 +199,10 @@ def set_model_dims(config, num_keywords, source="config"):
     dims = {"input_dim": int(fbank_conf_of(config["dataset_conf"])["num_mel_bins"]), "output_dim": int(num_keywords)}
     for key, value in dims.items():
         if model.get(key, value) != value:
-            raise KwsError(f"{source}: model.{key} is {model[key]!r} but the run needs {value} "
-                           f"(fbank num_mel_bins / --num_keywords); leave model.{key} out")
+            raise KwsError(
+                f"{source}: model.{key} is {model[key]!r} but the run needs {value} "
+                f"(fbank num_mel_bins / --num_keywords); leave model.{key} out"
+            )
         model[key] = value
     return config
 
@@ -216,8 +231,10 @@ def experiment_runs(experiments, default_seed):
         for seed in seeds:
             run = name if seed == default_seed else f"{name}-seed{seed}"
             if run in runs:
-                raise KwsError(f"config: experiments.{name}.seeds: the run of seed {seed} would be named {run}, "
-                               f"which is an experiment's name too; rename one")
+                raise KwsError(
+                    f"config: experiments.{name}.seeds: the run of seed {seed} would be named {run}, "
+                    f"which is an experiment's name too; rename one"
+                )
             runs[run] = (name, seed)
     return dict(sorted(runs.items()))
 

@@ -156,16 +156,19 @@ def read_data_list(path, num_keywords=None, dictionary=None):
                     raise KwsError(f"{path}:{number}: txt {txt[:60]!r} is not a token of the dictionary")
                 label = tokens[txt]
         else:
-            raise KwsError(f"{path}:{number}: txt must be a keyword token (\"<HI_XIAOWEN>\") or an integer "
-                           f"keyword id, got {repr(txt)[:60]}")
+            raise KwsError(
+                f'{path}:{number}: txt must be a keyword token ("<HI_XIAOWEN>") or an integer '
+                f"keyword id, got {repr(txt)[:60]}"
+            )
         kinds.setdefault(kind, number)
         if len(kinds) > 1:
             other = "integer" if kind == "token" else "token"
-            raise KwsError(f"{path}:{number}: txt is {_KIND[kind]} but line {kinds[other]} has {_KIND[other]} "
-                           f"(WeKws's old and new formats mixed); write one format")
+            raise KwsError(
+                f"{path}:{number}: txt is {_KIND[kind]} but line {kinds[other]} has {_KIND[other]} "
+                f"(WeKws's old and new formats mixed); write one format"
+            )
         duration = item["duration"]
-        if (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                or not 0 < duration < float("inf")):
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration < float("inf"):
             raise KwsError(f"{path}:{number}: duration must be a positive number, got {item['duration']!r}")
         item["label"] = label
         items.append(item)
@@ -178,8 +181,10 @@ def require_labels(items, path):
     """Every item's keyword id is known; else say that the token list needs its dictionary."""
     for item in items:
         if item.get("label") is None:
-            raise KwsError(f"{path}: utterance {item['key']!r} is labelled with the token {item['txt']!r}; "
-                           f"give the dictionary (train.py --dict) to map tokens to keyword ids")
+            raise KwsError(
+                f"{path}: utterance {item['key']!r} is labelled with the token {item['txt']!r}; "
+                f"give the dictionary (train.py --dict) to map tokens to keyword ids"
+            )
 
 
 def write_data_list(path, items):

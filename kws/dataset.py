@@ -92,13 +92,13 @@ def spec_augment(feats, rng, num_t_mask=1, num_f_mask=1, max_t=20, max_f=10):
             break
         start = int(rng.integers(0, frames))
         length = int(rng.integers(1, int(max_t) + 1))
-        feats[start:min(frames, start + length), :] = 0
+        feats[start : min(frames, start + length), :] = 0
     for _ in range(int(num_f_mask)):
         if dims < 1 or max_f < 1:
             break
         start = int(rng.integers(0, dims))
         length = int(rng.integers(1, int(max_f) + 1))
-        feats[:, start:min(dims, start + length)] = 0
+        feats[:, start : min(dims, start + length)] = 0
     return feats
 
 
@@ -110,8 +110,18 @@ class KwsDataset:
     `set_epoch(e)` before each epoch.
     """
 
-    def __init__(self, data_list, dataset_conf, seed=666, rank=None, world_size=None, num_keywords=None,
-                 items=None, store=None, dictionary=None):
+    def __init__(
+        self,
+        data_list,
+        dataset_conf,
+        seed=666,
+        rank=None,
+        world_size=None,
+        num_keywords=None,
+        items=None,
+        store=None,
+        dictionary=None,
+    ):
         self.data_list = str(data_list)
         self.items = items if items is not None else read_data_list(data_list, num_keywords, dictionary)
         require_labels(self.items, data_list)
@@ -163,23 +173,32 @@ class KwsDataset:
         """This epoch's batches of `rank` (default: this one) as lists of item indices."""
         rank = self.rank if rank is None else rank
         max_len, min_len = int(self.filter_conf["max_length"]), int(self.filter_conf["min_length"])
-        order = [i for i in shard_order(len(self.items), self.seed, self.epoch, self.shuffle, rank, self.world_size)
-                 if max(min_len, 1) <= self.frames[i] <= max_len]
+        order = [
+            i
+            for i in shard_order(len(self.items), self.seed, self.epoch, self.shuffle, rank, self.world_size)
+            if max(min_len, 1) <= self.frames[i] <= max_len
+        ]
         if self.shuffle and self.shuffle_size > 1:
             # WeKws's shuffle buffer, drawn as kwsflow's loader drew it (worker 0 of 1): the same batches
             # in the same order as before the audio store.
             rng = _rng(self.seed, self.epoch, rank, 0, _STREAM_BUFFER)
-            order = [buffer[j] for start in range(0, len(order), self.shuffle_size)
-                     for buffer in [order[start:start + self.shuffle_size]] for j in rng.permutation(len(buffer))]
+            order = [
+                buffer[j]
+                for start in range(0, len(order), self.shuffle_size)
+                for buffer in [order[start : start + self.shuffle_size]]
+                for j in rng.permutation(len(buffer))
+            ]
         if not self.sort:
             return self._batched(order)
         rng = _rng(self.seed, self.epoch, rank, _STREAM_SORT)
         batches = []
         for start in range(0, len(order), self.sort_size):
-            buffer = sorted(order[start:start + self.sort_size], key=lambda i: self.frames[i])  # stable
+            buffer = sorted(order[start : start + self.sort_size], key=lambda i: self.frames[i])  # stable
             sorted_batches = self._batched(buffer)
-            batches += [sorted_batches[j] for j in (rng.permutation(len(sorted_batches)) if self.shuffle
-                                                     else range(len(sorted_batches)))]
+            batches += [
+                sorted_batches[j]
+                for j in (rng.permutation(len(sorted_batches)) if self.shuffle else range(len(sorted_batches)))
+            ]
         return batches
 
     def batch_counts(self):
@@ -188,7 +207,7 @@ class KwsDataset:
 
     def _batched(self, indices):
         if self.batch_type == "static":
-            return [indices[i:i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+            return [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         batches, batch, longest = [], [], 0
         for i in indices:
             new_longest = max(longest, padded_length(self.frames[i]))
@@ -204,9 +223,13 @@ class KwsDataset:
         lengths = self.store.lengths[self.rows[indices]]
         samples = np.zeros((len(indices), int(lengths.max())), dtype=np.int16)
         for row, i in enumerate(indices):
-            samples[row, :lengths[row]] = self.store.samples(self.rows[i])
-        return ([self.items[i]["key"] for i in indices], torch.from_numpy(samples),
-                torch.from_numpy(lengths.astype(np.int64)), torch.tensor([self.labels[i] for i in indices]))
+            samples[row, : lengths[row]] = self.store.samples(self.rows[i])
+        return (
+            [self.items[i]["key"] for i in indices],
+            torch.from_numpy(samples),
+            torch.from_numpy(lengths.astype(np.int64)),
+            torch.tensor([self.labels[i] for i in indices]),
+        )
 
     def __iter__(self):
         for indices in self.plan():
@@ -257,8 +280,8 @@ class Featurizer:
         frames = num_frames(lengths, self.fbank_conf)
         feats = torch.zeros(samples.shape[0], int(frames.max()), int(self.fbank_conf["num_mel_bins"]))
         for row, length in enumerate(lengths.tolist()):
-            one, _ = batch_fbank(samples[row:row + 1, :length], [length], self.fbank_conf, self.dither, generator)
-            feats[row, :one.shape[1]] = one[0]
+            one, _ = batch_fbank(samples[row : row + 1, :length], [length], self.fbank_conf, self.dither, generator)
+            feats[row, : one.shape[1]] = one[0]
         return feats, frames
 
     def batches(self, dataset, epoch):

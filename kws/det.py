@@ -96,7 +96,7 @@ def count_false_alarms(scores, thresholds, window_shift):
     chunk = max(4 * window_shift, 1024, _MAX_BLOCK // num_thr)
     pos = np.zeros(num_thr, dtype=np.int64)  # absolute index of the next frame to examine
     for c0 in range(0, num, chunk):
-        seg = scores[c0:c0 + chunk]
+        seg = scores[c0 : c0 + chunk]
         size = seg.size
         rows = np.nonzero((thresholds <= seg.max()) & (pos < c0 + size))[0]
         if rows.size == 0:
@@ -271,14 +271,27 @@ def _point_details(point, curve, index, num_positives, hours, by_kind):
     point["frr_ci95"] = list(binomial_interval(misses, num_positives))
     point["fa_per_hour_ci95"] = list(rate_interval(alarms, hours))
     point["fa_per_hour_by_kind"] = {
-        kind: {"false_alarms": int(counts[index]), "hours": seconds / 3600.0,
-               "fa_per_hour": int(counts[index]) / (seconds / 3600.0)}
-        for kind, (counts, seconds) in by_kind.items()}
+        kind: {
+            "false_alarms": int(counts[index]),
+            "hours": seconds / 3600.0,
+            "fa_per_hour": int(counts[index]) / (seconds / 3600.0),
+        }
+        for kind, (counts, seconds) in by_kind.items()
+    }
     return point
 
 
-def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, fa_targets, by_kind=None,
-                      worst_misses=(), top_false_alarms=()):
+def summarize_keyword(
+    token,
+    curve,
+    num_positives,
+    num_fillers,
+    filler_seconds,
+    fa_targets,
+    by_kind=None,
+    worst_misses=(),
+    top_false_alarms=(),
+):
     """A keyword's metrics.json entry. by_kind: {negative kind: (false alarms per threshold, seconds)}.
 
     Each operating point carries its counts (misses of the positives, false alarms in the filler hours)
@@ -296,19 +309,30 @@ def summarize_keyword(token, curve, num_positives, num_fillers, filler_seconds, 
         point = operating_point(curve, target)
         entry = {"fa_per_hour_target": float(target)}
         if point is None:
-            entry.update({"threshold": None, "frr": None, "fa_per_hour": None, "false_alarms": None,
-                          "false_rejects": None, "frr_ci95": None, "fa_per_hour_ci95": None,
-                          "fa_per_hour_by_kind": None})
+            entry.update(
+                {
+                    "threshold": None,
+                    "frr": None,
+                    "fa_per_hour": None,
+                    "false_alarms": None,
+                    "false_rejects": None,
+                    "frr_ci95": None,
+                    "fa_per_hour_ci95": None,
+                    "fa_per_hour_by_kind": None,
+                }
+            )
         else:
             entry.update(point)
-            _point_details(entry, curve, int(np.argmin(np.abs(t - point["threshold"]))), num_positives, hours,
-                           by_kind)
+            _point_details(entry, curve, int(np.argmin(np.abs(t - point["threshold"]))), num_positives, hours, by_kind)
         entry["zero_fa_only"] = bool(target < resolution)
         entry["resolved"] = bool(target >= resolved_from * (1 - 1e-9))
         points.append(entry)
     half = int(np.argmin(np.abs(t - 0.5)))
-    at_half = {"threshold": float(t[half]), "frr": float(curve["frr"][half]),
-               "fa_per_hour": float(curve["fa_per_hour"][half])}
+    at_half = {
+        "threshold": float(t[half]),
+        "frr": float(curve["frr"][half]),
+        "fa_per_hour": float(curve["fa_per_hour"][half]),
+    }
     return {
         "token": token,
         "name": keyword_slug(token),
@@ -335,12 +359,28 @@ def negative_kind(item, index):
 
 
 def _described(item, score, kind):
-    return {"key": item["key"], "kind": kind, "engine": item.get("engine", ""), "voice": item.get("voice", ""),
-            "max_score": round(score, 6), "duration": item["duration"]}
+    return {
+        "key": item["key"],
+        "kind": kind,
+        "engine": item.get("engine", ""),
+        "voice": item.get("voice", ""),
+        "max_score": round(score, 6),
+        "duration": item["duration"],
+    }
 
 
-def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, window_shift=50,
-                fa_targets=DEFAULT_FA_TARGETS, experiment=None, stats_dir=None, num_listed=10):
+def compute_det(
+    score_path,
+    data_list_path,
+    dict_path,
+    out_dir,
+    step=0.01,
+    window_shift=50,
+    fa_targets=DEFAULT_FA_TARGETS,
+    experiment=None,
+    stats_dir=None,
+    num_listed=10,
+):
     """Write metrics.{json,tsv,md} into `out_dir` and stats.<kw>.txt per keyword into `stats_dir`
     (default `<out_dir>/det`); return the metrics. `stats_file` in the metrics is relative to `out_dir`.
     num_listed: how many worst misses and top false alarms each keyword lists.
@@ -386,27 +426,42 @@ def compute_det(score_path, data_list_path, dict_path, out_dir, step=0.01, windo
         filler_seconds = float(sum(item["duration"] for item in fillers))
         if filler_seconds <= 0:
             raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
-        curve = det_curve([table[item["key"]] for item in positives], [table[item["key"]] for item in fillers],
-                          filler_seconds, thresholds, window_shift)
+        curve = det_curve(
+            [table[item["key"]] for item in positives],
+            [table[item["key"]] for item in fillers],
+            filler_seconds,
+            thresholds,
+            window_shift,
+        )
         curves.append((token, curve))
         kinds = [negative_kind(item, index) for item in fillers]
         by_kind = {}
         for kind in sorted(set(kinds)):
             mine = [item for item, k in zip(fillers, kinds) if k == kind]
-            by_kind[kind] = (count_false_alarms_many([table[item["key"]] for item in mine], thresholds,
-                                                     window_shift),
-                             float(sum(item["duration"] for item in mine)))
+            by_kind[kind] = (
+                count_false_alarms_many([table[item["key"]] for item in mine], thresholds, window_shift),
+                float(sum(item["duration"] for item in mine)),
+            )
         peak = {item["key"]: float(np.max(table[item["key"]])) for item in items}
         worst = sorted(positives, key=lambda item: (peak[item["key"]], item["key"]))[:num_listed]
         loudest = sorted(zip(fillers, kinds), key=lambda pair: (-peak[pair[0]["key"]], pair[0]["key"]))
         summary = summarize_keyword(
-            token, curve, len(positives), len(fillers), filler_seconds, fa_targets, by_kind,
+            token,
+            curve,
+            len(positives),
+            len(fillers),
+            filler_seconds,
+            fa_targets,
+            by_kind,
             worst_misses=[_described(item, peak[item["key"]], "keyword") for item in worst],
-            top_false_alarms=[_described(item, peak[item["key"]], kind) for item, kind in loudest[:num_listed]])
+            top_false_alarms=[_described(item, peak[item["key"]], kind) for item, kind in loudest[:num_listed]],
+        )
         summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
         if summary["name"] in keywords:
-            raise KwsError(f"{dict_path}: keywords {keywords[summary['name']]['token']} and {token} "
-                           f"share the file name {stats_name(token)}")
+            raise KwsError(
+                f"{dict_path}: keywords {keywords[summary['name']]['token']} and {token} "
+                f"share the file name {stats_name(token)}"
+            )
         keywords[summary["name"]] = summary
     # Every keyword checked before anything is written: a bad keyword leaves no other's stats behind.
     ensure_dir(out_dir)

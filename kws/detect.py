@@ -90,9 +90,15 @@ class Detector:
             for k in np.nonzero(above[row])[0]:
                 if frame - self.last[k] >= max(self.refractory_frames, 1):
                     self.last[k] = frame
-                    detections.append({"keyword": self.keywords[k], "index": int(k), "frame": frame,
-                                       "time": round(self.fbank.frame_end_seconds(frame), 3),
-                                       "score": float(posteriors[row, k])})
+                    detections.append(
+                        {
+                            "keyword": self.keywords[k],
+                            "index": int(k),
+                            "frame": frame,
+                            "time": round(self.fbank.frame_end_seconds(frame), 3),
+                            "score": float(posteriors[row, k]),
+                        }
+                    )
         return detections
 
     def posteriors(self):
@@ -142,8 +148,10 @@ def pcm_chunks(stream, chunk_samples):
         if not data:
             break
         if first and data[:4] == b"RIFF" and data[8:12] == b"WAVE":
-            raise KwsError("stdin: this is a WAV file, `-` expects raw 16-bit PCM; pass the file's path instead "
-                           "(or strip the header: `sox in.wav -t raw -r 16000 -e signed -b 16 -c 1 -`)")
+            raise KwsError(
+                "stdin: this is a WAV file, `-` expects raw 16-bit PCM; pass the file's path instead "
+                "(or strip the header: `sox in.wav -t raw -r 16000 -e signed -b 16 -c 1 -`)"
+            )
         first = False
         data = pending + data
         usable = len(data) - len(data) % 2
@@ -159,27 +167,42 @@ def wav_chunks(path, chunk_samples):
 
     samples = read_wav(path)
     for start in range(0, samples.size, chunk_samples):
-        yield samples[start:start + chunk_samples]
+        yield samples[start : start + chunk_samples]
 
 
 def format_detection(det, as_json):
     if as_json:
-        return json.dumps({"keyword": det["keyword"], "time": det["time"], "score": round(det["score"], 6),
-                           "frame": det["frame"]})
+        return json.dumps(
+            {"keyword": det["keyword"], "time": det["time"], "score": round(det["score"], 6), "frame": det["frame"]}
+        )
     return f"{det['keyword']} {det['time']:.3f} {det['score']:.4f}"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="kws-detect", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kws-detect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model", help="exported model: model.onnx (onnxruntime) or model.pt (TorchScript)")
     parser.add_argument("audio", help="16 kHz mono wav, or - for raw 16 kHz s16le mono PCM on stdin")
-    parser.add_argument("--threshold", action="append", default=[], metavar="[KW=]P",
-                        help="detection threshold: global (0.6) or per keyword (hi_xiaowen=0.6); repeatable")
-    parser.add_argument("--refractory", type=float, default=DEFAULT_REFRACTORY,
-                        help=f"seconds a keyword stays silent after a detection (default {DEFAULT_REFRACTORY})")
-    parser.add_argument("--chunk-ms", type=float, default=DEFAULT_CHUNK_MS,
-                        help=f"audio per processing step in ms (default {DEFAULT_CHUNK_MS})")
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="[KW=]P",
+        help="detection threshold: global (0.6) or per keyword (hi_xiaowen=0.6); repeatable",
+    )
+    parser.add_argument(
+        "--refractory",
+        type=float,
+        default=DEFAULT_REFRACTORY,
+        help=f"seconds a keyword stays silent after a detection (default {DEFAULT_REFRACTORY})",
+    )
+    parser.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=DEFAULT_CHUNK_MS,
+        help=f"audio per processing step in ms (default {DEFAULT_CHUNK_MS})",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines instead of `keyword time score`")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default 1)")
     return parser.parse_args(argv)

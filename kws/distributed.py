@@ -90,8 +90,9 @@ def _connect_store(rank, world_size, timeout_s, environ):
     is_master = rank == 0 and not agent
     try:
         if is_master:
-            store = dist.TCPStore(addr, port, None, True, timeout=_timedelta(timeout_s),
-                                  wait_for_workers=False, multi_tenant=True)
+            store = dist.TCPStore(
+                addr, port, None, True, timeout=_timedelta(timeout_s), wait_for_workers=False, multi_tenant=True
+            )
         else:
             store = dist.TCPStore(addr, port, None, False, timeout=_timedelta(timeout_s))
     except Exception as err:  # DistNetworkError / RuntimeError from C++
@@ -104,12 +105,15 @@ def _connect_store(rank, world_size, timeout_s, environ):
                 holder = describe_port_holder(port)
             except Exception:  # best effort only
                 pass
-            raise KwsError(f"rank 0: cannot host the rendezvous store on {addr}:{port}: {text}"
-                           f"{' (' + holder + ')' if holder else ''}; pick another --master_port") from None
+            raise KwsError(
+                f"rank 0: cannot host the rendezvous store on {addr}:{port}: {text}"
+                f"{' (' + holder + ')' if holder else ''}; pick another --master_port"
+            ) from None
         if not is_master:
             raise DistributedTimeout(
                 f"rank {rank}: could not reach the rendezvous store at {addr}:{port} within {timeout_s:g} s "
-                f"({text}); rank 0 never started or died early: check its log") from None
+                f"({text}); rank 0 never started or died early: check its log"
+            ) from None
         raise KwsError(f"rank {rank}: rendezvous store on {addr}:{port} failed: {text}") from None
     restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return store, f"kws/{restart}"
@@ -142,9 +146,11 @@ def wait_for_ranks(store, rank, world_size, timeout_s, what="start", prefix="kws
     try:
         store.set(f"{base}/{rank}", f"{socket.gethostname()}:{os.getpid()}")
     except Exception as err:
-        raise DistributedTimeout(f"rank {rank}: lost the rendezvous store while checking in for {what} "
-                                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
-                                 f"rank 0 probably died: check its log") from None
+        raise DistributedTimeout(
+            f"rank {rank}: lost the rendezvous store while checking in for {what} "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+            f"rank 0 probably died: check its log"
+        ) from None
     keys = [f"{base}/{r}" for r in range(world_size)]
     start = time.monotonic()
     try:
@@ -159,7 +165,8 @@ def wait_for_ranks(store, rank, world_size, timeout_s, what="start", prefix="kws
     raise DistributedTimeout(
         f"rank {rank}: rank(s) {_format_ranks(missing)} of {world_size} did not arrive at {what} within "
         f"{waited:.0f} s (timeout_s={timeout_s:g}); they crashed, hang or were never started: check their "
-        f"logs (or raise train.timeout_s if they are just slow)")
+        f"logs (or raise train.timeout_s if they are just slow)"
+    )
 
 
 def init_distributed(backend="auto", timeout_s=600, environ=None, use_cuda=None):
@@ -183,9 +190,11 @@ def init_distributed(backend="auto", timeout_s=600, environ=None, use_cuda=None)
     backend = resolve_backend(backend, use_cuda)
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
-            raise KwsError(f"rank {rank}: LOCAL_RANK={local_rank} but CUDA sees only {torch.cuda.device_count()} "
-                           f"device(s) (CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-                           f"lower --nproc_per_node to the number of GPUs")
+            raise KwsError(
+                f"rank {rank}: LOCAL_RANK={local_rank} but CUDA sees only {torch.cuda.device_count()} "
+                f"device(s) (CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                f"lower --nproc_per_node to the number of GPUs"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -203,12 +212,18 @@ def init_distributed(backend="auto", timeout_s=600, environ=None, use_cuda=None)
     try:
         # The prefix carries torchrun's restart count: after a restart the agent's store still holds the
         # dead group's addresses, and a rank reading those would connect to nobody.
-        dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/default_pg", store), rank=rank,
-                                world_size=world_size, timeout=_timedelta(timeout_s))
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"{prefix}/default_pg", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=_timedelta(timeout_s),
+        )
     except Exception as err:
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DistributedTimeout(f"rank {rank}: init_process_group({backend}) failed after all ranks arrived: "
-                                 f"{text}") from None
+        raise DistributedTimeout(
+            f"rank {rank}: init_process_group({backend}) failed after all ranks arrived: {text}"
+        ) from None
     _state.monitor_group = None
     if backend != "gloo":
         # monitored_barrier is gloo-only: a side gloo group (a collective call: every rank makes it).
@@ -258,11 +273,13 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
     if missing:
         raise DistributedTimeout(
             f"rank {rank}: rank(s) {_format_ranks(missing)} did not reach {what} within {waited:.0f} s "
-            f"(timeout_s={timeout_s:g}); they crashed or hang: check their logs") from None
+            f"(timeout_s={timeout_s:g}); they crashed or hang: check their logs"
+        ) from None
     first = text.strip().splitlines()[0] if text.strip() else "no answer"
     raise DistributedTimeout(
         f"rank {rank}: {what}: no answer from rank 0 within {waited:.0f} s (timeout_s={timeout_s:g}): {first}; "
-        f"rank 0 crashed or hangs: check its log") from None
+        f"rank 0 crashed or hangs: check its log"
+    ) from None
 
 
 def die_with_parent(parent=None):
@@ -314,6 +331,7 @@ def cleanup():
 
 # -- what the trainer needs: where it runs, and its collectives ------------------------------------
 
+
 def dist_env(environ=None):
     """rank, local_rank, world_size, local_world_size from torchrun's environment (1 process without it)."""
     environ = os.environ if environ is None else environ
@@ -337,13 +355,17 @@ def choose_device(gpus, local_rank, local_world):
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)  # before CUDA initialises
     if not torch.cuda.is_available():
         if ids:
-            raise KwsError(f"--gpus {spec}: CUDA cannot use any device here (torch.cuda.is_available() is False, "
-                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): a GPU "
-                           f"training stops rather than train on the CPU (gpus: 0 / --gpus -1 trains on the CPU)")
+            raise KwsError(
+                f"--gpus {spec}: CUDA cannot use any device here (torch.cuda.is_available() is False, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): a GPU "
+                f"training stops rather than train on the CPU (gpus: 0 / --gpus -1 trains on the CPU)"
+            )
         return torch.device("cpu")
     if local_rank >= torch.cuda.device_count():
-        raise KwsError(f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible "
-                       f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        raise KwsError(
+            f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
     return torch.device("cuda", local_rank)
 
 

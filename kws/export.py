@@ -57,7 +57,6 @@ class StreamingWrapper(nn.Module):
 # --------------------------------------------------------------------------- thresholds
 
 
-
 def _number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -80,29 +79,45 @@ def recommended_thresholds(metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, 
         entry = entries.get(slug(kw))
         if entry is None:
             raise KwsError(f"{path}: no entry for keyword {kw} (metrics of another test set or dictionary?)")
-        chosen = next((p for p in entry["operating_points"] if isinstance(p, dict)
-                       and _number(p.get("fa_per_hour_target")) is not None
-                       and abs(float(p["fa_per_hour_target"]) - fa_target) < 1e-9), None)
+        chosen = next(
+            (
+                p
+                for p in entry["operating_points"]
+                if isinstance(p, dict)
+                and _number(p.get("fa_per_hour_target")) is not None
+                and abs(float(p["fa_per_hour_target"]) - fa_target) < 1e-9
+            ),
+            None,
+        )
         if chosen is None:
-            raise KwsError(f"{path}: {kw} has no operating point at {fa_target:g} FA/h (add it to det.fa_targets "
-                           f"or choose --fa-target from them)")
+            raise KwsError(
+                f"{path}: {kw} has no operating point at {fa_target:g} FA/h (add it to det.fa_targets "
+                f"or choose --fa-target from them)"
+            )
         threshold = _number(chosen.get("threshold"))
         if chosen.get("threshold") is None:
             result[kw] = (default, f"default ({path.name}: no threshold reaches {fa_target:g} FA/h for {kw})")
             continue
         if threshold is None or not 0.0 <= threshold <= 1.0:
-            raise KwsError(f"{path}: {kw}: threshold {chosen.get('threshold')!r} at {fa_target:g} FA/h is not "
-                           f"a number in [0, 1]")
+            raise KwsError(
+                f"{path}: {kw}: threshold {chosen.get('threshold')!r} at {fa_target:g} FA/h is not a number in [0, 1]"
+            )
         frr = _number(chosen.get("frr"))
         fa = _number(chosen.get("fa_per_hour"))
-        detail = ", ".join(x for x in (f"FRR {frr:.4f}" if frr is not None else "",
-                                       f"{fa:.3g} FA/h measured" if fa is not None else "") if x)
-        result[kw] = (threshold, f"{path.name}: operating point at {fa_target:g} FA/h"
-                      + (f" ({detail})" if detail else ""))
+        detail = ", ".join(
+            x
+            for x in (f"FRR {frr:.4f}" if frr is not None else "", f"{fa:.3g} FA/h measured" if fa is not None else "")
+            if x
+        )
+        result[kw] = (
+            threshold,
+            f"{path.name}: operating point at {fa_target:g} FA/h" + (f" ({detail})" if detail else ""),
+        )
     return result
 
 
 # --------------------------------------------------------------------------- metadata
+
 
 def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     """The metadata stored with both exports (plain JSON-able data)."""
@@ -111,9 +126,17 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     cache = model.init_cache(1)
     fbank = dict(fbank_conf_of(config.get("dataset_conf") or {}))
     training_dither = fbank.pop("dither", 0.0)
-    fbank.update({"dither": 0.0, "training_dither": training_dither, "sample_rate": SAMPLE_RATE,
-                  "snip_edges": True, "energy_floor": 0.0, "waveform_scale": 32768,
-                  "implementation": "kws.features.compute_fbank (torchaudio.compliance.kaldi.fbank)"})
+    fbank.update(
+        {
+            "dither": 0.0,
+            "training_dither": training_dither,
+            "sample_rate": SAMPLE_RATE,
+            "snip_edges": True,
+            "energy_floor": 0.0,
+            "waveform_scale": 32768,
+            "implementation": "kws.features.compute_fbank (torchaudio.compliance.kaldi.fbank)",
+        }
+    )
     if int(fbank["num_mel_bins"]) != model.input_dim:
         raise KwsError(f"config fbank num_mel_bins {fbank['num_mel_bins']} != model input_dim {model.input_dim}")
     return {
@@ -135,6 +158,7 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
 
 # --------------------------------------------------------------------------- writing
 
+
 def write_onnx(wrapper, meta, path, opset=OPSET):
     """Export `wrapper` to ONNX at `path` (dynamic T) and store `meta` in metadata_props."""
     import onnx
@@ -144,10 +168,16 @@ def write_onnx(wrapper, meta, path, opset=OPSET):
     try:
         with _quiet(), torch.no_grad():
             torch.onnx.export(
-                wrapper, (feats, cache), str(path), input_names=["feats", "cache"],
+                wrapper,
+                (feats, cache),
+                str(path),
+                input_names=["feats", "cache"],
                 output_names=["posteriors", "new_cache"],
                 dynamic_axes={"feats": {1: "T"}, "posteriors": {1: "T"}},
-                opset_version=opset, dynamo=False, do_constant_folding=True)
+                opset_version=opset,
+                dynamo=False,
+                do_constant_folding=True,
+            )
     except Exception as err:  # noqa: BLE001 - the exporter raises many types
         raise KwsError(f"{path}: ONNX export failed ({type(err).__name__}: {str(err).splitlines()[0][:300]})") from None
     proto = onnx.load(str(path))
@@ -178,8 +208,9 @@ def write_torchscript(wrapper, meta, path):
                 with torch.no_grad():
                     module, how = torch.jit.trace(wrapper, (feats, cache), check_trace=False), "trace"
             except Exception as err:  # noqa: BLE001
-                raise KwsError(f"{path}: TorchScript export failed ({type(err).__name__}: "
-                               f"{str(err).splitlines()[0][:300]})") from None
+                raise KwsError(
+                    f"{path}: TorchScript export failed ({type(err).__name__}: {str(err).splitlines()[0][:300]})"
+                ) from None
         module = torch.jit.freeze(module.eval())
         # Saved to memory first: saved to a file, the zip's entries are named after it (here a random
         # temporary name), so two identical exports would differ byte for byte.
@@ -190,6 +221,7 @@ def write_torchscript(wrapper, meta, path):
 
 
 # --------------------------------------------------------------------------- runners
+
 
 class EagerRunner(TorchScriptRunner):
     """The PyTorch model itself (reference for the export check, and the benchmark's baseline): run as
@@ -204,12 +236,13 @@ class EagerRunner(TorchScriptRunner):
 
 # --------------------------------------------------------------------------- verification
 
+
 def run_chunked(runner, feats, chunk):
     """Posteriors of feats [1, T, D] fed `chunk` frames at a time, carrying the cache."""
     cache = runner.init_cache()
     outputs = []
     for start in range(0, feats.shape[1], chunk):
-        posteriors, cache = runner.run(feats[:, start:start + chunk], cache)
+        posteriors, cache = runner.run(feats[:, start : start + chunk], cache)
         outputs.append(np.asarray(posteriors))
     return np.concatenate(outputs, axis=1), cache
 
@@ -259,8 +292,19 @@ def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolera
 
 # --------------------------------------------------------------------------- top level
 
-def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5, opset=OPSET,
-                     extra_report=None, threads=1, deployed=None):
+
+def export_artifacts(
+    model,
+    meta,
+    out_dir,
+    utterances,
+    chunks=DEFAULT_CHUNKS,
+    tolerance=1e-5,
+    opset=OPSET,
+    extra_report=None,
+    threads=1,
+    deployed=None,
+):
     """Write model.onnx, model.pt and export.json into `out_dir` after verifying both exports.
 
     deployed: a function of the ONNX file's path that scores the deployed detector (kws.deployed) and
@@ -286,12 +330,17 @@ def export_artifacts(model, meta, out_dir, utterances, chunks=DEFAULT_CHUNKS, to
             "onnx_opset": opset,
             "torchscript_method": how,
             "torch_version": torch.__version__,
-            "check": {"utterances": [key for key, _ in utterances],
-                      "frames": int(sum(f.shape[0] for _, f in utterances)),
-                      "chunk_frames": list(chunks), "tolerance": tolerance,
-                      "max_abs_diff": {"onnx": diffs["onnx"], "torchscript": diffs["torchscript"],
-                                       "pytorch_chunked": {k: v for k, v in diffs["pytorch"].items()
-                                                           if k != "whole"}}},
+            "check": {
+                "utterances": [key for key, _ in utterances],
+                "frames": int(sum(f.shape[0] for _, f in utterances)),
+                "chunk_frames": list(chunks),
+                "tolerance": tolerance,
+                "max_abs_diff": {
+                    "onnx": diffs["onnx"],
+                    "torchscript": diffs["torchscript"],
+                    "pytorch_chunked": {k: v for k, v in diffs["pytorch"].items() if k != "whole"},
+                },
+            },
             "meta": meta,
         }
         if deployed_report is not None:
@@ -336,9 +385,22 @@ def verification_features(data_list, fbank_conf, num, dictionary):
     return result
 
 
-def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_utts=8,
-                 fa_target=DEFAULT_FA_TARGET, tolerance=1e-5, opset=OPSET, score=None, refractory=1.0,
-                 window_shift=50, chunk_ms=100, workers=1):
+def export_model(
+    checkpoint,
+    dict_path,
+    out_dir,
+    test_data,
+    metrics=None,
+    num_utts=8,
+    fa_target=DEFAULT_FA_TARGET,
+    tolerance=1e-5,
+    opset=OPSET,
+    score=None,
+    refractory=1.0,
+    window_shift=50,
+    chunk_ms=100,
+    workers=1,
+):
     """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report.
 
     score: the offline score.txt of test_data; given, the exported ONNX model also runs as kws-detect does
@@ -355,19 +417,26 @@ def export_model(checkpoint, dict_path, out_dir, test_data, metrics=None, num_ut
     if len(keywords) != model.num_keywords:
         raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
     chosen = recommended_thresholds(metrics, keywords, fa_target)
-    meta = build_metadata(model, config, keywords, {k: v[0] for k, v in chosen.items()},
-                          {k: v[1] for k, v in chosen.items()})
+    meta = build_metadata(
+        model, config, keywords, {k: v[0] for k, v in chosen.items()}, {k: v[1] for k, v in chosen.items()}
+    )
     utterances = verification_features(test_data, meta["fbank"], num_utts, dictionary)
-    extra = {"checkpoint": os.fspath(checkpoint), "dict": os.fspath(dict_path),
-             "metrics": os.fspath(metrics) if metrics else None, "test_data": os.fspath(test_data),
-             "fa_per_hour_target": fa_target}
+    extra = {
+        "checkpoint": os.fspath(checkpoint),
+        "dict": os.fspath(dict_path),
+        "metrics": os.fspath(metrics) if metrics else None,
+        "test_data": os.fspath(test_data),
+        "fa_per_hour_target": fa_target,
+    }
     deployed = None
     if score is not None:
         from kws.deployed import evaluate_deployed
 
         def deployed(onnx_path):
-            return evaluate_deployed(onnx_path, test_data, dict_path, score, refractory, window_shift, chunk_ms,
-                                     workers, backend="onnx")
+            return evaluate_deployed(
+                onnx_path, test_data, dict_path, score, refractory, window_shift, chunk_ms, workers, backend="onnx"
+            )
 
-    return export_artifacts(model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra,
-                            deployed=deployed)
+    return export_artifacts(
+        model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra, deployed=deployed
+    )

@@ -27,8 +27,10 @@ def fbank_conf_of(dataset_conf, where="dataset_conf"):
         conf = dict(dataset_conf["feature_extraction_conf"])
         kind = conf.pop("feature_type", "fbank")
         if kind != "fbank":
-            raise KwsError(f"{where}.feature_extraction_conf.feature_type: {kind!r} is not supported (kwsflow "
-                           f"computes fbank; set feature_type: fbank, num_mel_bins the feature dimension)")
+            raise KwsError(
+                f"{where}.feature_extraction_conf.feature_type: {kind!r} is not supported (kwsflow "
+                f"computes fbank; set feature_type: fbank, num_mel_bins the feature dimension)"
+            )
         conf.pop("num_ceps", None)
     if conf is not None and not isinstance(conf, dict):
         raise KwsError(f"{where}.fbank_conf: expected a mapping, got {conf!r}")
@@ -55,8 +57,10 @@ def frame_geometry(fbank_conf, sample_rate=16000):
     length = int(sample_rate * float(conf["frame_length"]) * 0.001)
     shift = int(sample_rate * float(conf["frame_shift"]) * 0.001)
     if length < 1 or shift < 1:
-        raise KwsError(f"fbank: frame_length {conf['frame_length']} ms / frame_shift {conf['frame_shift']} ms "
-                       f"are too short at {sample_rate} Hz")
+        raise KwsError(
+            f"fbank: frame_length {conf['frame_length']} ms / frame_shift {conf['frame_shift']} ms "
+            f"are too short at {sample_rate} Hz"
+        )
     return length, shift
 
 
@@ -111,7 +115,7 @@ def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None):
     if dither > 0:
         noise = torch.randn(x.shape, generator=generator, device=generator.device if generator else device)
         x = x + float(dither) * noise.to(device)
-    x = x[:, : (longest - 1) * shift + window].unfold(1, window, shift)      # [B, T, window]
+    x = x[:, : (longest - 1) * shift + window].unfold(1, window, shift)  # [B, T, window]
     x = x - x.mean(dim=2, keepdim=True)
     x = torch.cat((x[:, :, :1] * (1 - 0.97), x[:, :, 1:] - 0.97 * x[:, :, :-1]), dim=2)
     povey = torch.hann_window(window, periodic=False, device=device).pow(0.85)
@@ -137,6 +141,5 @@ def compute_fbank(samples, fbank_conf, dither=None, generator=None):
     conf = fbank_settings(fbank_conf)
     waveform = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1)
     amount = conf["dither"] if dither is None else dither
-    feats, _ = batch_fbank(waveform, [waveform.shape[1]], conf, dither=amount,
-                           generator=generator)
+    feats, _ = batch_fbank(waveform, [waveform.shape[1]], conf, dither=amount, generator=generator)
     return feats[0]

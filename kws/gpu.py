@@ -140,8 +140,10 @@ def try_acquire(count, visible=None, lock_dir=None):
     """Take `count` free ids now (all or nothing): an Allocation, or None when not enough are free."""
     ids = visible_gpus(visible)
     if count > len(ids):
-        raise KwsError(f"asked for {count} GPU(s) but only {len(ids)} visible ({','.join(ids) or 'none'}); "
-                       f"set --visible/KWS_VISIBLE_GPUS or ask for fewer")
+        raise KwsError(
+            f"asked for {count} GPU(s) but only {len(ids)} visible ({','.join(ids) or 'none'}); "
+            f"set --visible/KWS_VISIBLE_GPUS or ask for fewer"
+        )
     folder = _lock_dir(lock_dir)
     taken, fds = [], []
     for gpu in ids:
@@ -172,8 +174,10 @@ def acquire(count, visible=None, lock_dir=None, timeout=None, poll=DEFAULT_POLL,
             return allocation
         waited = time.monotonic() - start
         if timeout is not None and waited >= timeout:
-            raise KwsError(f"no {count} free GPU(s) among {','.join(visible_gpus(visible))} after {waited:.0f} s "
-                           f"(locks in {_lock_dir(lock_dir)})")
+            raise KwsError(
+                f"no {count} free GPU(s) among {','.join(visible_gpus(visible))} after {waited:.0f} s "
+                f"(locks in {_lock_dir(lock_dir)})"
+            )
         if log is not None and not told:
             log(f"kws.gpu: waiting for {count} free GPU(s) (locks in {_lock_dir(lock_dir)})")
             told = True
@@ -199,12 +203,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m kws.gpu",
         description="Take N free GPUs (one lock file per id), set CUDA_VISIBLE_DEVICES and run a command "
-                    "holding the locks. Without a command, print the ids that are free now.")
+        "holding the locks. Without a command, print the ids that are free now.",
+    )
     parser.add_argument("--gpus", type=int, required=True, help="number of GPUs to take (0: just run)")
-    parser.add_argument("--lock-dir", default=None,
-                        help=f"lock folder (default $KWS_GPU_LOCK_DIR or {DEFAULT_LOCK_DIR})")
-    parser.add_argument("--visible", default=None, help="ids to choose from (default: $KWS_VISIBLE_GPUS, "
-                                                        "$CUDA_VISIBLE_DEVICES, nvidia-smi)")
+    parser.add_argument(
+        "--lock-dir", default=None, help=f"lock folder (default $KWS_GPU_LOCK_DIR or {DEFAULT_LOCK_DIR})"
+    )
+    parser.add_argument(
+        "--visible",
+        default=None,
+        help="ids to choose from (default: $KWS_VISIBLE_GPUS, $CUDA_VISIBLE_DEVICES, nvidia-smi)",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for free GPUs (default: forever)")
     parser.add_argument("--poll", type=float, default=DEFAULT_POLL, help="seconds between tries")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run")

@@ -90,10 +90,24 @@ def slurm_resources(gpus, nodes):
       plugin from turning `tasks` into `--ntasks-per-gpu`.
     """
     if nodes <= 1:
-        return {"gpu": gpus, "nodes": 1, "mpi": None, "tasks": None, "tasks_per_gpu": None, "gres": None,
-                "slurm_extra": None}
-    return {"gpu": None, "nodes": nodes, "mpi": "srun", "tasks": nodes, "tasks_per_gpu": 0 if gpus else None,
-            "gres": f"gpu:{gpus}" if gpus else None, "slurm_extra": "--ntasks-per-node=1"}
+        return {
+            "gpu": gpus,
+            "nodes": 1,
+            "mpi": None,
+            "tasks": None,
+            "tasks_per_gpu": None,
+            "gres": None,
+            "slurm_extra": None,
+        }
+    return {
+        "gpu": None,
+        "nodes": nodes,
+        "mpi": "srun",
+        "tasks": nodes,
+        "tasks_per_gpu": 0 if gpus else None,
+        "gres": f"gpu:{gpus}" if gpus else None,
+        "slurm_extra": "--ntasks-per-node=1",
+    }
 
 
 def import_kws_from(folder):
@@ -110,6 +124,7 @@ def slurm_job(job_id):
 
     Read from the controller: the executor plugin removes SLURM_JOB_NODELIST and the like from the
     rule's environment."""
+
     def query(*command):
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=60)
@@ -119,20 +134,40 @@ def slurm_job(job_id):
             raise KwsError(f"{' '.join(command)}: {result.stderr.strip() or 'failed'}")
         return result.stdout
 
-    fields = dict(part.split("=", 1) for part in query("scontrol", "show", "job", "-o", job_id).split()
-                  if "=" in part)
+    fields = dict(part.split("=", 1) for part in query("scontrol", "show", "job", "-o", job_id).split() if "=" in part)
     nodes = query("scontrol", "show", "hostnames", fields.get("NodeList", "")).split()
     return {"nodes": nodes, "cpus": int(fields.get("NumCPUs", "0") or 0)}
 
 
 def multinode_command(nodes, nproc_per_node, gpus, hosts, cpus, job_id, port):
     """srun starting one torchrun per node of the allocation, rendezvous (c10d) on the first node."""
-    srun = ["srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1",
-            "--cpus-per-task", str(max(1, cpus // nodes)), "--kill-on-bad-exit=1"]
+    srun = [
+        "srun",
+        "--nodes",
+        str(nodes),
+        "--ntasks",
+        str(nodes),
+        "--ntasks-per-node",
+        "1",
+        "--cpus-per-task",
+        str(max(1, cpus // nodes)),
+        "--kill-on-bad-exit=1",
+    ]
     if gpus > 0:
         srun.append(f"--gres=gpu:{gpus}")
-    return srun + ["torchrun", "--nnodes", str(nodes), "--nproc_per_node", str(nproc_per_node),
-                   "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{hosts[0]}:{port}", "--rdzv_id", str(job_id)]
+    return srun + [
+        "torchrun",
+        "--nnodes",
+        str(nodes),
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{hosts[0]}:{port}",
+        "--rdzv_id",
+        str(job_id),
+    ]
 
 
 def _rendezvous_port(head):
@@ -149,21 +184,29 @@ def launch_multinode(nodes, nproc_per_node, gpus, command, environ=None, job=Non
     environ = os.environ if environ is None else environ
     job_id = environ.get("SLURM_JOB_ID")
     if not job_id:
-        raise KwsError(f"a training on {nodes} nodes runs as a SLURM job, and this is none (no SLURM_JOB_ID): "
-                       f"run through the SLURM profile (--workflow-profile workflow/profiles/slurm) or set nodes: 1")
+        raise KwsError(
+            f"a training on {nodes} nodes runs as a SLURM job, and this is none (no SLURM_JOB_ID): "
+            f"run through the SLURM profile (--workflow-profile workflow/profiles/slurm) or set nodes: 1"
+        )
     job = job or slurm_job(job_id)
     if len(job["nodes"]) != nodes:
-        raise KwsError(f"the training asks for {nodes} nodes but SLURM job {job_id} has {len(job['nodes'])} "
-                       f"({','.join(job['nodes']) or 'none'}): torchrun would wait for the missing ones forever")
+        raise KwsError(
+            f"the training asks for {nodes} nodes but SLURM job {job_id} has {len(job['nodes'])} "
+            f"({','.join(job['nodes']) or 'none'}): torchrun would wait for the missing ones forever"
+        )
     head = job["nodes"][0]
-    return multinode_command(nodes, nproc_per_node, gpus, job["nodes"], job["cpus"], job_id,
-                             _rendezvous_port(head)) + list(command)
+    return multinode_command(
+        nodes, nproc_per_node, gpus, job["nodes"], job["cpus"], job_id, _rendezvous_port(head)
+    ) + list(command)
 
 
 @cli
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m kws.launch", description=__doc__.split("\n\n")[0],
-                                usage="python -m kws.launch --nodes N --nproc_per_node P [--gpus G] -- train.py ...")
+    p = argparse.ArgumentParser(
+        prog="python -m kws.launch",
+        description=__doc__.split("\n\n")[0],
+        usage="python -m kws.launch --nodes N --nproc_per_node P [--gpus G] -- train.py ...",
+    )
     p.add_argument("--nodes", type=int, required=True, help="nodes of the SLURM job (one torchrun each)")
     p.add_argument("--nproc_per_node", type=int, required=True, help="training processes per node")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per node (0: gloo CPU processes)")
@@ -174,8 +217,12 @@ def main(argv=None):
         raise KwsError("no training command: python -m kws.launch [options] -- scripts/train.py ...")
     full = launch_multinode(args.nodes, args.nproc_per_node, args.gpus, command)
     world = args.nodes * args.nproc_per_node
-    print(f"kws.launch: SLURM job {os.environ['SLURM_JOB_ID']}: {args.nodes} nodes x {args.nproc_per_node} "
-          f"processes = world size {world}: {shlex.join(full)}", file=sys.stderr, flush=True)
+    print(
+        f"kws.launch: SLURM job {os.environ['SLURM_JOB_ID']}: {args.nodes} nodes x {args.nproc_per_node} "
+        f"processes = world size {world}: {shlex.join(full)}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         os.execvp(full[0], full)
     except OSError as err:

@@ -84,8 +84,10 @@ def check_keyword_positives(labels, dictionary, split, where):
     present = set(labels)
     missing = [token for token in keyword_names(dictionary) if token not in present]
     if missing:
-        raise KwsError(f"{where}: the {split} split has no utterance of keyword {', '.join(missing)}: every "
-                       f"keyword needs positives in train, dev and test (use a larger corpus or other keywords)")
+        raise KwsError(
+            f"{where}: the {split} split has no utterance of keyword {', '.join(missing)}: every "
+            f"keyword needs positives in train, dev and test (use a larger corpus or other keywords)"
+        )
 
 
 def _header_at(wav, expected_rate):

@@ -21,8 +21,10 @@ def _check(logits, lengths, targets):
     if lengths.numel() != batch or targets.numel() != batch:
         raise ValueError(f"lengths ({lengths.numel()}) and targets ({targets.numel()}) must have B={batch} entries")
     if batch and (targets.min() < -1 or targets.max() >= num_keywords):
-        raise KwsError(f"keyword id out of range: targets must be -1 (filler) or 0..{num_keywords - 1}, "
-                       f"got {sorted(set(targets.tolist()))}")
+        raise KwsError(
+            f"keyword id out of range: targets must be -1 (filler) or 0..{num_keywords - 1}, "
+            f"got {sorted(set(targets.tolist()))}"
+        )
     return lengths.clamp(1, max(frames, 1)), targets
 
 
@@ -45,7 +47,7 @@ class _PooledLogitsCPU(torch.autograd.Function):
         for b, length in enumerate(lengths.tolist()):
             torch.max(logits[b, :length], dim=0, out=(values[b], frame[b]))
         t = torch.arange(frames).unsqueeze(0)
-        window = (t < lengths.unsqueeze(1)) & (t >= start.unsqueeze(1))         # [B, T]
+        window = (t < lengths.unsqueeze(1)) & (t >= start.unsqueeze(1))  # [B, T]
         rows = (targets >= 0).nonzero().squeeze(1)
         cols = targets[rows]
         target_logits = logits[rows, :, cols].masked_fill(~window[rows], float("-inf"))  # [R, T]
@@ -68,8 +70,7 @@ def _pooled_logits_cpu(logits, lengths, targets, min_duration):
     """pooled_logits for CPU tensors with several keywords (see _PooledLogitsCPU)."""
     num_keywords = logits.shape[2]
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)),
-                        torch.zeros_like(lengths))
+    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)), torch.zeros_like(lengths))
     zmax = _PooledLogitsCPU.apply(logits, lengths, start, targets).to(dtype)
     is_target = targets.unsqueeze(1) == torch.arange(num_keywords).unsqueeze(0)
     return zmax, is_target
@@ -87,15 +88,14 @@ def pooled_logits(logits, lengths, targets, min_duration=0):
     if logits.device.type == "cpu" and logits.shape[0] > 0 and logits.shape[1] > 0 and logits.shape[2] >= 8:
         return _pooled_logits_cpu(logits, lengths, targets, min_duration)
     batch, frames, num_keywords = logits.shape
-    t = torch.arange(frames, device=logits.device).unsqueeze(0)                # [1, T]
-    valid = t < lengths.unsqueeze(1)                                            # [B, T]
-    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)),
-                        torch.zeros_like(lengths))
-    window = valid & (t >= start.unsqueeze(1))                                  # [B, T]
+    t = torch.arange(frames, device=logits.device).unsqueeze(0)  # [1, T]
+    valid = t < lengths.unsqueeze(1)  # [B, T]
+    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)), torch.zeros_like(lengths))
+    window = valid & (t >= start.unsqueeze(1))  # [B, T]
     keyword_ids = torch.arange(num_keywords, device=logits.device)
-    is_target = targets.unsqueeze(1) == keyword_ids.unsqueeze(0)                # [B, K]
+    is_target = targets.unsqueeze(1) == keyword_ids.unsqueeze(0)  # [B, K]
     mask = torch.where(is_target.unsqueeze(1), window.unsqueeze(2), valid.unsqueeze(2))  # [B, T, K]
-    dtype = torch.promote_types(logits.dtype, torch.float32)   # half/bfloat16 -> float32; float64 stays
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # half/bfloat16 -> float32; float64 stays
     masked = logits.to(dtype).masked_fill(~mask, float("-inf"))
     return masked.amax(dim=1), is_target
 
@@ -134,7 +134,7 @@ def cross_entropy_loss(logits, lengths, targets, min_duration=0):
     zmax, _ = pooled_logits(logits, lengths, targets, min_duration)
     _, targets = _check(logits, lengths, targets)
     num_keywords = zmax.size(1)
-    scores = torch.cat((zmax, zmax.new_zeros(zmax.size(0), 1)), dim=1)        # [B, K + 1]
+    scores = torch.cat((zmax, zmax.new_zeros(zmax.size(0), 1)), dim=1)  # [B, K + 1]
     classes = torch.where(targets < 0, torch.full_like(targets, num_keywords), targets)
     if scores.size(0) == 0:
         return scores.sum(), 0.0
@@ -152,5 +152,4 @@ def criterion(name):
     try:
         return CRITERIA[name]
     except (KeyError, TypeError):
-        raise KwsError(f"training_config.criterion: unknown criterion {name!r} "
-                       f"({' | '.join(CRITERIA)})") from None
+        raise KwsError(f"training_config.criterion: unknown criterion {name!r} ({' | '.join(CRITERIA)})") from None

@@ -107,8 +107,10 @@ def plot_det_compare(groups, out, title=None, fa_targets=DEFAULT_TARGETS):
     for index, (name, paths) in enumerate(groups):
         for path in paths:
             keyword = keyword_from_stats(path)
-            style = {"color": colours[index % len(colours)],
-                     "linestyle": _LINESTYLES[keywords.index(keyword) % len(_LINESTYLES)]}
+            style = {
+                "color": colours[index % len(colours)],
+                "linestyle": _LINESTYLES[keywords.index(keyword) % len(_LINESTYLES)],
+            }
             curves.append((f"{name} / {keyword}", read_stats(path), style))
     fig, ax = plt.subplots(figsize=(8, 5.5))
     det_axes(ax, curves, title=title or "DET comparison", fa_targets=fa_targets)
@@ -141,8 +143,17 @@ def stats_in_dir(folder):
 
 # --------------------------------------------------------------------------- training curves
 
-TRAIN_COLUMNS = ("epoch", "train_loss", "cv_loss", "cv_acc", "lr", "grad_norm", "skipped_steps",
-                 "seconds", "utts_per_s")
+TRAIN_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "cv_loss",
+    "cv_acc",
+    "lr",
+    "grad_norm",
+    "skipped_steps",
+    "seconds",
+    "utts_per_s",
+)
 
 
 def read_train_log(path):
@@ -173,8 +184,13 @@ def plot_training(log_path, out, title=None):
     ax.plot(epoch, frame["cv_loss"], marker=".", label="cv")
     best = frame["cv_loss"].idxmin() if frame["cv_loss"].notna().any() else None
     if best is not None:
-        ax.plot(frame.loc[best, "epoch"], frame.loc[best, "cv_loss"], "k*", markersize=10,
-                label=f"best cv (epoch {int(frame.loc[best, 'epoch'])})")
+        ax.plot(
+            frame.loc[best, "epoch"],
+            frame.loc[best, "cv_loss"],
+            "k*",
+            markersize=10,
+            label=f"best cv (epoch {int(frame.loc[best, 'epoch'])})",
+        )
     ax.set_ylabel("loss")
     ax.set_title("Loss")
     ax.legend(fontsize="small")
@@ -198,8 +214,9 @@ def plot_training(log_path, out, title=None):
         ax.plot(epoch, frame["grad_norm"], marker=".", color="tab:red", label="grad norm")
     if "skipped_steps" in frame and (frame["skipped_steps"] > 0).any():
         skipped = frame[frame["skipped_steps"] > 0]
-        ax.scatter(skipped["epoch"], skipped["grad_norm"], marker="x", color="k", zorder=3,
-                   label="epochs with skipped steps")
+        ax.scatter(
+            skipped["epoch"], skipped["grad_norm"], marker="x", color="k", zorder=3, label="epochs with skipped steps"
+        )
         ax.legend(fontsize="small")
     ax.set_ylabel("gradient norm")
     ax.set_title("Gradient norm (before clipping)")

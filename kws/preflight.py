@@ -34,7 +34,7 @@ from kws.errors import KwsError
 DEFAULT_GRAD_CLIP = 50.0
 DEFAULT_MASTER_PORT = 29500
 BACKENDS = ("auto", "nccl", "gloo")
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 # --------------------------------------------------------------------------------------------- CUDA
@@ -84,8 +84,9 @@ class CudaInfo:
         return cls(count, names, free, total, nccl)
 
     @classmethod
-    def fake(cls, physical=0, free_gib=None, total_gib=80.0, name="Fake GPU", nccl_available=True,
-             cuda_visible_devices=None):
+    def fake(
+        cls, physical=0, free_gib=None, total_gib=80.0, name="Fake GPU", nccl_available=True, cuda_visible_devices=None
+    ):
         """A pretend machine with `physical` GPUs, seen through `cuda_visible_devices` like CUDA does
         (the listed ids in order, stopping at the first invalid one). `free_gib`: one number or a list
         per physical GPU (default: all free)."""
@@ -100,8 +101,13 @@ class CudaInfo:
                 if not part.isdigit() or int(part) >= physical or int(part) in ids:
                     break
                 ids.append(int(part))
-        return cls(len(ids), [f"{name} {i}" for i in ids], [int(frees[i] * GIB) for i in ids],
-                   [int(total_gib * GIB) for _ in ids], nccl_available)
+        return cls(
+            len(ids),
+            [f"{name} {i}" for i in ids],
+            [int(frees[i] * GIB) for i in ids],
+            [int(total_gib * GIB) for _ in ids],
+            nccl_available,
+        )
 
 
 # -------------------------------------------------------------------------------------------- ports
@@ -112,7 +118,7 @@ def _hex_to_ip(text):
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw[::-1]))
     # IPv6: four 32-bit words, each in host (little-endian) order
-    return str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+    return str(ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))))
 
 
 def listening_sockets(port, proc="/proc"):
@@ -183,8 +189,9 @@ def _ss_holders(port):
     if shutil.which("ss") is None:
         return []
     try:
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=5,
-                             check=False).stdout
+        out = subprocess.run(
+            ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [f"pid {pid} ({name})" for name, pid in re.findall(r'\("([^"]*)",pid=(\d+)', out)]
@@ -255,8 +262,10 @@ def check_port(port, host="", choose=False, proc="/proc"):
         return port, None
     holder = describe_port_holder(port, proc) or "an unknown process"
     other = find_free_port(port + 1, host)
-    text = (f"rendezvous port {port} is already in use (held by {holder}; a dead training run?): "
-            f"kill it or use --master_port {other}")
+    text = (
+        f"rendezvous port {port} is already in use (held by {holder}; a dead training run?): "
+        f"kill it or use --master_port {other}"
+    )
     if choose:
         return other, f"{text}; using --master_port {other}"
     raise KwsError(text)
@@ -307,8 +316,9 @@ def parse_gpus(gpus):
         try:
             ids.append(int(part))
         except ValueError:
-            raise KwsError(f"--gpus {gpus}: {part!r} is not a GPU id; use comma-separated ids like 0,1 "
-                           f"(-1 for CPU)") from None
+            raise KwsError(
+                f"--gpus {gpus}: {part!r} is not a GPU id; use comma-separated ids like 0,1 (-1 for CPU)"
+            ) from None
     if ids == [-1]:
         return []
     negative = [i for i in ids if i < 0]
@@ -316,8 +326,9 @@ def parse_gpus(gpus):
         raise KwsError(f"--gpus {gpus}: GPU ids must be >= 0 (got {negative[0]}); -1 alone means CPU")
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise KwsError(f"--gpus {gpus}: GPU {duplicates[0]} is listed twice; two ranks on one GPU fail in NCCL: "
-                       f"list each GPU once")
+        raise KwsError(
+            f"--gpus {gpus}: GPU {duplicates[0]} is listed twice; two ranks on one GPU fail in NCCL: list each GPU once"
+        )
     return ids
 
 
@@ -339,8 +350,9 @@ def _nproc(args, environ):
     if given is not None and given < 1:
         raise KwsError(f"--nproc_per_node {given}: must be at least 1")
     if given is not None and local is not None and given != local:
-        raise KwsError(f"--nproc_per_node {given} but torchrun started LOCAL_WORLD_SIZE={local} processes; "
-                       f"make them equal")
+        raise KwsError(
+            f"--nproc_per_node {given} but torchrun started LOCAL_WORLD_SIZE={local} processes; make them equal"
+        )
     for value in (given, local, world):
         if value is not None:
             return value
@@ -356,10 +368,15 @@ def _check_gpus(args, environ, report):
         if nproc is None:
             nproc = len(ids)
         elif len(ids) != nproc:
-            where = "LOCAL_WORLD_SIZE" if in_torchrun(environ) and _get(args, "nproc_per_node") is None \
+            where = (
+                "LOCAL_WORLD_SIZE"
+                if in_torchrun(environ) and _get(args, "nproc_per_node") is None
                 else "--nproc_per_node"
-            raise KwsError(f"--gpus {gpus_arg} lists {len(ids)} GPU(s) but {where} is {nproc}: one process per "
-                           f"GPU, so make them equal (e.g. --nproc_per_node {len(ids)})")
+            )
+            raise KwsError(
+                f"--gpus {gpus_arg} lists {len(ids)} GPU(s) but {where} is {nproc}: one process per "
+                f"GPU, so make them equal (e.g. --nproc_per_node {len(ids)})"
+            )
     report.nproc_per_node = nproc
     if nproc is not None:
         report.ok.append(f"processes per node: {nproc}")
@@ -384,11 +401,15 @@ def _check_visible(ids, environ, cuda, report):
     for gpu, index in zip(ids, indices):
         if index >= cuda.device_count:
             if cuda.device_count == 0:
-                raise KwsError(f"--gpus asks for GPU {gpu} but CUDA sees no GPU ({seen}); use --gpus -1 to train on "
-                               f"CPU, or fix the driver / CUDA_VISIBLE_DEVICES")
-            raise KwsError(f"--gpus asks for GPU {gpu} but CUDA sees only {cuda.device_count} device(s), "
-                           f"0..{cuda.device_count - 1} ({seen}; --gpus ids index the visible devices); "
-                           f"use ids below {cuda.device_count}")
+                raise KwsError(
+                    f"--gpus asks for GPU {gpu} but CUDA sees no GPU ({seen}); use --gpus -1 to train on "
+                    f"CPU, or fix the driver / CUDA_VISIBLE_DEVICES"
+                )
+            raise KwsError(
+                f"--gpus asks for GPU {gpu} but CUDA sees only {cuda.device_count} device(s), "
+                f"0..{cuda.device_count - 1} ({seen}; --gpus ids index the visible devices); "
+                f"use ids below {cuda.device_count}"
+            )
     physical = [p.strip() for p in cvd.split(",")] if cvd else None
     for gpu, index in zip(ids, indices):
         name = cuda.names[index] if index < len(cuda.names) else "?"
@@ -401,8 +422,10 @@ def _check_visible(ids, environ, cuda, report):
             continue
         report.ok.append(f"{label}: {name}, {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB")
         if free < 0.5 * total:
-            report.append(f"{label} has only {free / GIB:.1f} of {total / GIB:.1f} GiB free: "
-                          f"another job is using it (check nvidia-smi)")
+            report.append(
+                f"{label} has only {free / GIB:.1f} of {total / GIB:.1f} GiB free: "
+                f"another job is using it (check nvidia-smi)"
+            )
 
 
 def choose_backend(requested, gpus, nccl_available, no_gpus="CUDA sees none", auto_needs_nccl=True):
@@ -415,22 +438,29 @@ def choose_backend(requested, gpus, nccl_available, no_gpus="CUDA sees none", au
         raise KwsError(f"--ddp.dist_backend {requested}: unknown backend; use one of {', '.join(BACKENDS)}")
     if requested == "auto":
         if gpus and not nccl_available and auto_needs_nccl:
-            raise KwsError("training on GPUs needs NCCL but this torch build has none; install a CUDA build "
-                           "of torch with NCCL or use --ddp.dist_backend gloo")
+            raise KwsError(
+                "training on GPUs needs NCCL but this torch build has none; install a CUDA build "
+                "of torch with NCCL or use --ddp.dist_backend gloo"
+            )
         return "nccl" if gpus and nccl_available else "gloo"
     if requested == "nccl":
         if not gpus:
             raise KwsError(f"--ddp.dist_backend nccl needs GPUs but {no_gpus}; use gloo (or auto) to train on CPU")
         if not nccl_available:
-            raise KwsError("--ddp.dist_backend nccl but this torch build has no NCCL; use gloo, or a CUDA build "
-                           "of torch with NCCL")
+            raise KwsError(
+                "--ddp.dist_backend nccl but this torch build has no NCCL; use gloo, or a CUDA build of torch with NCCL"
+            )
     return requested
 
 
 def resolve_backend(requested, use_gpus, cuda):
     """auto -> nccl with GPUs (when NCCL is there), gloo without. KwsError for nccl without GPU/NCCL."""
-    return choose_backend(requested, use_gpus and cuda.device_count > 0, cuda.nccl_available,
-                          "no --gpus were given" if cuda.device_count else "CUDA sees none")
+    return choose_backend(
+        requested,
+        use_gpus and cuda.device_count > 0,
+        cuda.nccl_available,
+        "no --gpus were given" if cuda.device_count else "CUDA sees none",
+    )
 
 
 def _load_config(config):
@@ -448,9 +478,11 @@ def check_grad_clip(conf, source="config", report=None):
     training = conf.get("training_config") or {}
     clip = training.get("grad_clip") if isinstance(training, dict) else None
     if clip is None:
-        text = (f"{source}: training_config.grad_clip is not set, so gradients are clipped at the default "
-                f"{DEFAULT_GRAD_CLIP:g}; an unclipped or loose clip is the usual cause of NaN losses with many "
-                f"GPUs: set training_config.grad_clip (WeKws ds_tcn uses 5)")
+        text = (
+            f"{source}: training_config.grad_clip is not set, so gradients are clipped at the default "
+            f"{DEFAULT_GRAD_CLIP:g}; an unclipped or loose clip is the usual cause of NaN losses with many "
+            f"GPUs: set training_config.grad_clip (WeKws ds_tcn uses 5)"
+        )
         if report is not None:
             report.append(text)
         return text
@@ -482,15 +514,18 @@ def check_num_workers(num_workers, nproc, cpus, report):
     needed = nproc * (workers + 1)
     if needed > cpus:
         suggest = max(0, cpus // nproc - 1)
-        report.append(f"--num_workers {workers} with {nproc} process(es) needs {needed} CPUs "
-                      f"({nproc} x ({workers} workers + 1)) but the job has {cpus}: they will fight for CPUs; "
-                      f"use --num_workers {suggest} or give the job more CPUs")
+        report.append(
+            f"--num_workers {workers} with {nproc} process(es) needs {needed} CPUs "
+            f"({nproc} x ({workers} workers + 1)) but the job has {cpus}: they will fight for CPUs; "
+            f"use --num_workers {suggest} or give the job more CPUs"
+        )
     else:
         report.ok.append(f"data loading: {nproc} x ({workers} workers + 1) = {needed} of {cpus} CPUs")
 
 
-def run_preflight(args_like, environ=os.environ, cuda=None, cpus=None, check_port_free=None, choose_port=False,
-                  proc="/proc"):
+def run_preflight(
+    args_like, environ=os.environ, cuda=None, cpus=None, check_port_free=None, choose_port=False, proc="/proc"
+):
     """Run the checks on `args_like` (argparse Namespace or dict with any of: gpus, nproc_per_node, config
     (path or dict), num_workers, threads, master_addr, master_port, dist_backend / "ddp.dist_backend").
 
@@ -515,17 +550,22 @@ def run_preflight(args_like, environ=os.environ, cuda=None, cpus=None, check_por
     _check_visible(ids, environ, cuda, report)
 
     requested = _get(args_like, "dist_backend", "ddp.dist_backend", "ddp_dist_backend", default="auto")
-    use_gpus = bool(ids) or (_get(args_like, "gpus") is None and cuda.device_count > 0
-                             and str(requested).lower() != "gloo")
+    use_gpus = bool(ids) or (
+        _get(args_like, "gpus") is None and cuda.device_count > 0 and str(requested).lower() != "gloo"
+    )
     report.backend = resolve_backend(requested, use_gpus, cuda)
     if report.backend == "nccl" and not ids:
         nproc = report.nproc_per_node or 1
         if nproc > cuda.device_count:
-            raise KwsError(f"nccl with {nproc} process(es) per node but CUDA sees {cuda.device_count} GPU(s); "
-                           f"lower --nproc_per_node or pass --gpus")
+            raise KwsError(
+                f"nccl with {nproc} process(es) per node but CUDA sees {cuda.device_count} GPU(s); "
+                f"lower --nproc_per_node or pass --gpus"
+            )
     if report.backend == "gloo" and ids:
-        report.append("--ddp.dist_backend gloo with GPUs: gradients go through host memory, much slower than "
-                      "nccl; use nccl (or auto)")
+        report.append(
+            "--ddp.dist_backend gloo with GPUs: gradients go through host memory, much slower than "
+            "nccl; use nccl (or auto)"
+        )
     origin = f" (from {requested})" if str(requested).lower() == "auto" else ""
     report.ok.append(f"backend: {report.backend}" + origin)
 

@@ -153,8 +153,11 @@ def prepare_mobvoi(root, out_dir):
     wav_dir = _require_dir(root / "mobvoi_hotword_dataset")
     resources = _require_dir(root / "mobvoi_hotword_dataset_resources")
     tokens = {-1: FILLER_TOKEN, 0: MOBVOI_KEYWORDS[0], 1: MOBVOI_KEYWORDS[1]}
-    paths = {(prefix, split): _require_file(resources / f"{prefix}_{split}.json")
-             for split in SPLITS for prefix in ("p", "n")}
+    paths = {
+        (prefix, split): _require_file(resources / f"{prefix}_{split}.json")
+        for split in SPLITS
+        for prefix in ("p", "n")
+    }
     splits = {}
     for split in SPLITS:
         utterances, seen = [], {}
@@ -215,8 +218,7 @@ def prepare_speech_commands(root, out_dir, keywords=None):
     for rel in dev:
         if rel in test:
             raise KwsError(f"{testing_path}:{test[rel]}: {rel} is also in {validation_path}:{dev[rel]}")
-    words = sorted(entry.name for entry in root.iterdir()
-                   if entry.is_dir() and not entry.name.startswith(("_", ".")))
+    words = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(("_", ".")))
     if not words:
         raise KwsError(f"{root}: no word folders (expected <word>/<speaker>_nohash_<n>.wav)")
     keywords = list(keywords or SPEECH_COMMANDS_DEFAULT)
@@ -239,8 +241,9 @@ def prepare_speech_commands(root, out_dir, keywords=None):
     background = root / SPEECH_COMMANDS_BACKGROUND
     if background.is_dir():
         count = len(list(background.glob("*.wav")))
-        notes.append(f"{background}: {count} background-noise wav(s) left out of the speech lists "
-                     "(usable as augmentation noise)")
+        notes.append(
+            f"{background}: {count} background-noise wav(s) left out of the speech lists (usable as augmentation noise)"
+        )
     return write_corpus(out_dir, [token_of[word] for word in keywords], splits, notes=notes)
 
 

@@ -109,12 +109,18 @@ def choose_checkpoint(args, model_dir, fingerprint, device):
     if payload.get("fingerprint") != fingerprint:
         diff = first_difference(payload.get("fingerprint") or {}, fingerprint) or "fingerprint"
         if not args.restart_on_change:
-            raise KwsError(f"{path}: checkpoint belongs to a different run ({diff} differs); use another "
-                           f"--model_dir, --restart_on_change to discard it, or --checkpoint to resume from it "
-                           f"anyway")
+            raise KwsError(
+                f"{path}: checkpoint belongs to a different run ({diff} differs); use another "
+                f"--model_dir, --restart_on_change to discard it, or --checkpoint to resume from it "
+                f"anyway"
+            )
         removed = discard_run(model_dir)
-        log.warning("%s differs from the checkpoints in %s: discarded %d files and training from scratch",
-                    diff, model_dir, len(removed))
+        log.warning(
+            "%s differs from the checkpoints in %s: discarded %d files and training from scratch",
+            diff,
+            model_dir,
+            len(removed),
+        )
         return None, None
     return str(path), payload
 
@@ -127,14 +133,21 @@ def load_resume_point(path, payload, config, num_keywords, input_dim, world_size
         payload = ckpt.load_payload(path, map_location=device)
     for key, want in (("num_keywords", num_keywords), ("input_dim", input_dim)):
         if payload.get(key) != want:
-            raise KwsError(f"{path}: checkpoint has {key} {payload.get(key)!r}, this run {want}; "
-                           f"use another --model_dir")
+            raise KwsError(
+                f"{path}: checkpoint has {key} {payload.get(key)!r}, this run {want}; use another --model_dir"
+            )
     if payload.get("config") is not None:
         diff = first_difference(comparable_config(payload["config"]), comparable_config(config))
         if diff:
-            raise KwsError(f"{path}: checkpoint was trained with a different config ({diff}); "
-                           f"use another --model_dir or remove its checkpoints")
+            raise KwsError(
+                f"{path}: checkpoint was trained with a different config ({diff}); "
+                f"use another --model_dir or remove its checkpoints"
+            )
     if payload.get("world_size") not in (None, world_size):
-        log.warning("%s was trained with %s processes, this run has %d: the result will differ from an "
-                    "uninterrupted run", path, payload.get("world_size"), world_size)
+        log.warning(
+            "%s was trained with %s processes, this run has %d: the result will differ from an uninterrupted run",
+            path,
+            payload.get("world_size"),
+            world_size,
+        )
     return ResumePoint(path, payload)

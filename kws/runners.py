@@ -68,8 +68,10 @@ class TorchScriptRunner:
             with quiet_warnings():
                 self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
         except Exception as err:  # noqa: BLE001
-            raise KwsError(f"{path}: not a TorchScript model ({str(err).splitlines()[0][:160]}); "
-                           f"export a checkpoint with scripts/export_model.py") from None
+            raise KwsError(
+                f"{path}: not a TorchScript model ({str(err).splitlines()[0][:160]}); "
+                f"export a checkpoint with scripts/export_model.py"
+            ) from None
         if not extra[META_FILE]:
             raise KwsError(f"{path}: TorchScript model has no {META_FILE} (export it with scripts/export_model.py)")
         self.meta = json.loads(extra[META_FILE])

@@ -75,7 +75,7 @@ def posteriors(model, feats, device, max_frames=DEFAULT_MAX_BATCH_FRAMES):
         return torch.sigmoid(logits).float().cpu()
     outputs, cache = [], None
     for start in range(0, frames, chunk):
-        logits, cache = model(feats[:, start:start + chunk], cache)
+        logits, cache = model(feats[:, start : start + chunk], cache)
         outputs.append(torch.sigmoid(logits).float().cpu())
     return torch.cat(outputs, dim=1)
 
@@ -86,8 +86,16 @@ def format_line(key, token, values):
     return f"{key} {token} " + ("%.6f " * values.size % tuple(values.tolist())).rstrip() + "\n"
 
 
-def score(checkpoint, test_data, dict_path, out, batch_size=64, device="auto", threads=None,
-          max_batch_frames=DEFAULT_MAX_BATCH_FRAMES):
+def score(
+    checkpoint,
+    test_data,
+    dict_path,
+    out,
+    batch_size=64,
+    device="auto",
+    threads=None,
+    max_batch_frames=DEFAULT_MAX_BATCH_FRAMES,
+):
     """Score every utterance of `test_data` with `checkpoint`; write `out` atomically. Returns #utterances."""
     from kws.checkpoint import load_model
     from kws.fileio import atomic_open

@@ -89,8 +89,7 @@ def code_digest(files, root=PACKAGE_ROOT):
     wherever the project folder lies."""
     root = Path(root).resolve()
     digest = hashlib.sha256()
-    for name in sorted(str(Path(f).resolve().relative_to(root)) if Path(f).is_absolute() else str(f)
-                       for f in files):
+    for name in sorted(str(Path(f).resolve().relative_to(root)) if Path(f).is_absolute() else str(f) for f in files):
         digest.update(name.encode() + b"\0")
         digest.update((root / name).read_bytes())
         digest.update(b"\0")

@@ -46,9 +46,9 @@ class StreamingFbank:
             self._buffer = buffer.copy()
             return torch.zeros(0, self.num_mel_bins)
         count = 1 + (buffer.size - self.frame_length) // self.frame_shift
-        window = buffer[:(count - 1) * self.frame_shift + self.frame_length]
+        window = buffer[: (count - 1) * self.frame_shift + self.frame_length]
         frames = compute_fbank(window, self.conf, dither=0.0)
-        self._buffer = buffer[count * self.frame_shift:].copy()
+        self._buffer = buffer[count * self.frame_shift :].copy()
         self.frames_emitted += count
         return frames
 

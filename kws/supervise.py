@@ -57,8 +57,7 @@ def attempt_log(log_path):
     number = 1 + sum(1 for p in attempts.glob(f"{log_path.name}.*.log"))
     kept = attempts / f"{log_path.name}.{number}.log"
     # O_APPEND: the command's writes and ours (the reason for a stop) never overwrite each other.
-    handle = os.fdopen(os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644), "a",
-                       encoding="utf-8")
+    handle = os.fdopen(os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644), "a", encoding="utf-8")
     log_path.unlink(missing_ok=True)
     try:
         os.link(kept, log_path)
@@ -68,8 +67,10 @@ def attempt_log(log_path):
         handle.close()
         handle = open(log_path, "a", encoding="utf-8")
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
-    handle.write(f"# kwsflow attempt {number} started {stamp} on {socket.gethostname()} (pid {os.getpid()}); "
-                 f"every attempt's log: {attempts}/\n")
+    handle.write(
+        f"# kwsflow attempt {number} started {stamp} on {socket.gethostname()} (pid {os.getpid()}); "
+        f"every attempt's log: {attempts}/\n"
+    )
     handle.flush()
     return handle
 
@@ -161,8 +162,10 @@ def _children(process):
 
 @cli
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                usage="python -m kws.supervise [--log LOG] [--watch-pid PID] -- command ...")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="python -m kws.supervise [--log LOG] [--watch-pid PID] -- command ...",
+    )
     p.add_argument("--log", default=None, help="the command's log (its output); earlier attempts are kept")
     p.add_argument("--watch-pid", type=int, default=None, help="stop everything when this process dies")
     p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")

@@ -12,11 +12,28 @@ import statistics
 
 from kws.errors import KwsError
 
-TSV_COLUMNS = ("experiment", "keyword", "fa_per_hour_target", "frr", "frr_low", "frr_high", "false_rejects",
-               "num_positives", "threshold", "fa_per_hour", "fa_per_hour_low", "fa_per_hour_high",
-               "false_alarms", "filler_hours", "zero_fa_only", "resolved")
-UNRESOLVED_NOTE = ("\u2020 not resolved: even zero false alarms in this many filler hours would not show the rate "
-                   "below the target (95 %, one-sided), so the test set cannot show that this threshold meets it.")
+TSV_COLUMNS = (
+    "experiment",
+    "keyword",
+    "fa_per_hour_target",
+    "frr",
+    "frr_low",
+    "frr_high",
+    "false_rejects",
+    "num_positives",
+    "threshold",
+    "fa_per_hour",
+    "fa_per_hour_low",
+    "fa_per_hour_high",
+    "false_alarms",
+    "filler_hours",
+    "zero_fa_only",
+    "resolved",
+)
+UNRESOLVED_NOTE = (
+    "\u2020 not resolved: even zero false alarms in this many filler hours would not show the rate "
+    "below the target (95 %, one-sided), so the test set cannot show that this threshold meets it."
+)
 
 
 def _num(value, digits=6):
@@ -31,14 +48,24 @@ def _tsv_rows(metrics, experiment=None):
     name = experiment if experiment is not None else (metrics.get("experiment") or "")
     for kw in keyword_entries(metrics):
         for point in kw["operating_points"]:
-            yield [name, kw["token"], f"{point['fa_per_hour_target']:g}", _num(point["frr"]),
-                   _num(_ci(point, "frr_ci95", 0)), _num(_ci(point, "frr_ci95", 1)),
-                   "" if point.get("false_rejects") is None else str(point["false_rejects"]),
-                   str(kw["num_positives"]), _num(point["threshold"], 2), _num(point["fa_per_hour"]),
-                   _num(_ci(point, "fa_per_hour_ci95", 0)), _num(_ci(point, "fa_per_hour_ci95", 1)),
-                   "" if point.get("false_alarms") is None else str(point["false_alarms"]),
-                   f"{kw['filler_hours']:.4f}", str(point["zero_fa_only"]).lower(),
-                   str(point.get("resolved", True)).lower()]
+            yield [
+                name,
+                kw["token"],
+                f"{point['fa_per_hour_target']:g}",
+                _num(point["frr"]),
+                _num(_ci(point, "frr_ci95", 0)),
+                _num(_ci(point, "frr_ci95", 1)),
+                "" if point.get("false_rejects") is None else str(point["false_rejects"]),
+                str(kw["num_positives"]),
+                _num(point["threshold"], 2),
+                _num(point["fa_per_hour"]),
+                _num(_ci(point, "fa_per_hour_ci95", 0)),
+                _num(_ci(point, "fa_per_hour_ci95", 1)),
+                "" if point.get("false_alarms") is None else str(point["false_alarms"]),
+                f"{kw['filler_hours']:.4f}",
+                str(point["zero_fa_only"]).lower(),
+                str(point.get("resolved", True)).lower(),
+            ]
 
 
 def metrics_tsv(metrics):
@@ -83,8 +110,14 @@ def _keyword_rows(kw):
     points.append(("t = 0.5", kw["at_threshold_0.5"]))
     for label, point in points:
         threshold = "" if point.get("threshold") is None else f"{point['threshold']:.2f}"
-        yield [kw["token"], label, _frr_cell(point), _misses(point, kw["num_positives"]), threshold,
-               _fa_cell(point, kw["filler_hours"])]
+        yield [
+            kw["token"],
+            label,
+            _frr_cell(point),
+            _misses(point, kw["num_positives"]),
+            threshold,
+            _fa_cell(point, kw["filler_hours"]),
+        ]
 
 
 def _by_kind_table(kw):
@@ -118,19 +151,30 @@ def metrics_markdown(metrics, title=None):
     """metrics.md: per keyword its operating points with intervals and counts, false alarms by kind, the
     worst misses and the top false alarms."""
     heading = title or (f"Metrics: {metrics['experiment']}" if metrics.get("experiment") else "Metrics")
-    header = ["Keyword", "Operating point", "FRR (95 % CI)", "Misses", "Threshold",
-              "FA/h (95 % CI) [false alarms in filler hours]"]
+    header = [
+        "Keyword",
+        "Operating point",
+        "FRR (95 % CI)",
+        "Misses",
+        "Threshold",
+        "FA/h (95 % CI) [false alarms in filler hours]",
+    ]
     lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     unresolved = False
     for kw in keyword_entries(metrics):
         lines += ["| " + " | ".join(row) + " |" for row in _keyword_rows(kw)]
         unresolved |= not all(p.get("resolved", True) for p in kw["operating_points"])
-    lines += ["", f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; the operating "
-              "point of a target: the lowest FRR with FA/h at or below it, then the lowest FA/h (ties: the middle "
-              "threshold); n/a: no threshold meets it. Intervals: Clopper-Pearson (FRR), exact Poisson (FA/h)."]
+    lines += [
+        "",
+        f"Thresholds step {metrics['step']}, window shift {metrics['window_shift']} frames; the operating "
+        "point of a target: the lowest FRR with FA/h at or below it, then the lowest FA/h (ties: the middle "
+        "threshold); n/a: no threshold meets it. Intervals: Clopper-Pearson (FRR), exact Poisson (FA/h).",
+    ]
     for kw in keyword_entries(metrics):
-        lines.append(f"\n{kw['token']}: {kw['num_positives']} positives, {kw['filler_hours']:.2f} filler hours "
-                     f"(zero false alarms resolve targets from {kw.get('fa_per_hour_resolved_from', 0):.2f} FA/h).")
+        lines.append(
+            f"\n{kw['token']}: {kw['num_positives']} positives, {kw['filler_hours']:.2f} filler hours "
+            f"(zero false alarms resolve targets from {kw.get('fa_per_hour_resolved_from', 0):.2f} FA/h)."
+        )
     if unresolved:
         lines += ["", UNRESOLVED_NOTE]
     for kw in keyword_entries(metrics):
@@ -185,8 +229,10 @@ def compare_metrics(named, experiments=None):
         for exp, runs in runs_of.items():
             if len(runs) > 1:
                 cells = [token, f"**{exp}**: median [min-max] of {len(runs)}", "", ""]
-                cells += [_spread_cell([r[t]["frr"] for r in runs if t in r]) if any(t in r for r in runs)
-                          else "-" for t in targets]
+                cells += [
+                    _spread_cell([r[t]["frr"] for r in runs if t in r]) if any(t in r for r in runs) else "-"
+                    for t in targets
+                ]
                 md.append("| " + " | ".join(cells) + " |")
     tsv = ["\t".join(TSV_COLUMNS)]
     for name, m in loaded:
@@ -217,7 +263,10 @@ def load_metrics(path):
     if not isinstance(data, dict) or not isinstance(data.get("keywords"), (dict, list)) or "fa_targets" not in data:
         raise KwsError(f"{path}: not a kwsflow metrics.json (no `keywords` and `fa_targets`)")
     for entry in keyword_entries(data):
-        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str) \
-                or not isinstance(entry.get("operating_points"), list):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("token"), str)
+            or not isinstance(entry.get("operating_points"), list)
+        ):
             raise KwsError(f"{path}: a keyword entry without `token` and `operating_points`: {str(entry)[:80]}")
     return data

@@ -70,48 +70,88 @@ SCHEDULER = {"mode": "min", "factor": 0.5, "patience": 3, "min_lr": 1e-6, "thres
 
 # -- command line and config ----------------------------------------------------------------------
 
+
 def build_parser():
     p = argparse.ArgumentParser(description="Train a keyword-spotting model (WeKws-compatible arguments).")
     p.add_argument("--config", required=True, help="model config (WeKws layout)")
     p.add_argument("--train_data", required=True, help="training data.list")
     p.add_argument("--cv_data", required=True, help="cross-validation data.list")
     p.add_argument("--model_dir", required=True, help="output folder (checkpoints, logs)")
-    p.add_argument("--gpus", default=None,
-                   help="GPU ids, comma separated (WeKws); -1 = CPU. Default: the GPUs CUDA sees, else CPU. "
-                        "When CUDA_VISIBLE_DEVICES is already set (kws.gpu), local rank r uses visible device r")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU ids, comma separated (WeKws); -1 = CPU. Default: the GPUs CUDA sees, else CPU. "
+        "When CUDA_VISIBLE_DEVICES is already set (kws.gpu), local rank r uses visible device r",
+    )
     p.add_argument("--seed", type=int, default=666, help="random seed (default 666)")
-    p.add_argument("--checkpoint", default=None,
-                   help="resume from this checkpoint (default: the newest complete one in model_dir)")
+    p.add_argument(
+        "--checkpoint", default=None, help="resume from this checkpoint (default: the newest complete one in model_dir)"
+    )
     p.add_argument("--tensorboard_dir", default=None, help="TensorBoard folder (default MODEL_DIR/tensorboard)")
-    p.add_argument("--ddp.dist_backend", "--dist_backend", dest="dist_backend", default="auto",
-                   choices=BACKENDS, help="auto: nccl on GPUs, gloo on CPU")
-    p.add_argument("--timeout", "--ddp.timeout", "--dist_timeout", dest="timeout", type=float, default=1800,
-                   help="process-group timeout in seconds (init and every collective)")
-    p.add_argument("--num_workers", type=int, default=0,
-                   help="accepted for WeKws's command line; unused: batches are slices of the audio store, "
-                        "featurised on the training device")
+    p.add_argument(
+        "--ddp.dist_backend",
+        "--dist_backend",
+        dest="dist_backend",
+        default="auto",
+        choices=BACKENDS,
+        help="auto: nccl on GPUs, gloo on CPU",
+    )
+    p.add_argument(
+        "--timeout",
+        "--ddp.timeout",
+        "--dist_timeout",
+        dest="timeout",
+        type=float,
+        default=1800,
+        help="process-group timeout in seconds (init and every collective)",
+    )
+    p.add_argument(
+        "--num_workers",
+        type=int,
+        default=0,
+        help="accepted for WeKws's command line; unused: batches are slices of the audio store, "
+        "featurised on the training device",
+    )
     p.add_argument("--pin_memory", action="store_true", help="pinned host memory for batches (GPU)")
     p.add_argument("--prefetch", type=int, default=2, help=argparse.SUPPRESS)  # WeKws's; unused
-    p.add_argument("--train_audio_store", default=None,
-                   help="audio store of --train_data (scripts/pack_audio.py); default: packed into "
-                        "MODEL_DIR/audio/train on first use")
+    p.add_argument(
+        "--train_audio_store",
+        default=None,
+        help="audio store of --train_data (scripts/pack_audio.py); default: packed into "
+        "MODEL_DIR/audio/train on first use",
+    )
     p.add_argument("--cv_audio_store", default=None, help="audio store of --cv_data (default: MODEL_DIR/audio/cv)")
     p.add_argument("--cmvn_file", default=None, help="global_cmvn JSON (WeKws)")
     p.add_argument("--norm_var", action="store_true", help="normalise variance too (else mean only)")
     p.add_argument("--num_keywords", type=int, default=1, help="number of keywords (model outputs)")
-    p.add_argument("--dict", default=None,
-                   help="keyword dictionary: WeKws's dict folder (dict.txt) or a words.txt with ids; maps data.list "
-                        "tokens to keyword ids, needed for lists with tokens, checked against --num_keywords")
+    p.add_argument(
+        "--dict",
+        default=None,
+        help="keyword dictionary: WeKws's dict folder (dict.txt) or a words.txt with ids; maps data.list "
+        "tokens to keyword ids, needed for lists with tokens, checked against --num_keywords",
+    )
     p.add_argument("--min_duration", type=int, default=50, help="frames before which a keyword may not count")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a dotted config key, value parsed as YAML/JSON (repeatable)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a dotted config key, value parsed as YAML/JSON (repeatable)",
+    )
     p.add_argument("--max_epoch", type=int, default=None, help="override training_config.max_epoch")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU cores for the whole job; each process uses threads // processes-per-node "
-                        "(default: $OMP_NUM_THREADS per process, else the cores available / processes)")
-    p.add_argument("--restart_on_change", action="store_true",
-                   help="when model_dir holds checkpoints of a different run (config, seed, data, world size), "
-                        "delete them and train from scratch instead of stopping with an error (the workflow's way)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU cores for the whole job; each process uses threads // processes-per-node "
+        "(default: $OMP_NUM_THREADS per process, else the cores available / processes)",
+    )
+    p.add_argument(
+        "--restart_on_change",
+        action="store_true",
+        help="when model_dir holds checkpoints of a different run (config, seed, data, world size), "
+        "delete them and train from scratch instead of stopping with an error (the workflow's way)",
+    )
     p.add_argument("--reverb_lmdb", default=None, help=argparse.SUPPRESS)
     p.add_argument("--noise_lmdb", default=None, help=argparse.SUPPRESS)
     return p
@@ -125,8 +165,11 @@ def resolve_config(args):
     config = load_model_config(args.config, overrides)
     tc = config["training_config"]
     if tc.get("grad_clip") is None:
-        log.warning("%s: training_config.grad_clip not set; clipping gradients at %s (WeKws default)",
-                    args.config, DEFAULT_GRAD_CLIP)
+        log.warning(
+            "%s: training_config.grad_clip not set; clipping gradients at %s (WeKws default)",
+            args.config,
+            DEFAULT_GRAD_CLIP,
+        )
         tc["grad_clip"] = DEFAULT_GRAD_CLIP
     tc.setdefault("max_epoch", 100)
     tc.setdefault("log_interval", DEFAULT_LOG_INTERVAL)
@@ -178,6 +221,7 @@ def epoch_seed(seed, epoch, rank):
 
 # -- the steps ------------------------------------------------------------------------------------
 
+
 class NonFiniteGuard:
     """Counts skipped steps; raises KwsError after too many in a row."""
 
@@ -192,12 +236,15 @@ class NonFiniteGuard:
             return
         self.in_a_row += 1
         self.total += 1
-        log.warning("non-finite gradient norm at %s: step skipped (%d in a row, %d in total)",
-                    where, self.in_a_row, self.total)
+        log.warning(
+            "non-finite gradient norm at %s: step skipped (%d in a row, %d in total)", where, self.in_a_row, self.total
+        )
         if self.in_a_row > self.limit:
-            raise KwsError(f"{self.in_a_row} steps in a row with a non-finite gradient (last at {where}); "
-                           f"training diverged: lower optim_conf.lr or training_config.grad_clip, check the "
-                           f"data and the CMVN file (limit: training_config.max_nonfinite_steps={self.limit})")
+            raise KwsError(
+                f"{self.in_a_row} steps in a row with a non-finite gradient (last at {where}); "
+                f"training diverged: lower optim_conf.lr or training_config.grad_clip, check the "
+                f"data and the CMVN file (limit: training_config.max_nonfinite_steps={self.limit})"
+            )
 
 
 @dataclass
@@ -283,8 +330,15 @@ def train_one_epoch(state, batches, epoch, counts):
             norms.append(grad_norm)
         if batch_index % state.log_interval == 0 and state.rank == 0:
             lr = state.optimizer.param_groups[0]["lr"]
-            log.info("epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g", epoch, batch_index,
-                     loss_value, acc, grad_norm, lr)
+            log.info(
+                "epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g",
+                epoch,
+                batch_index,
+                loss_value,
+                acc,
+                grad_norm,
+                lr,
+            )
             add_scalars(state.writer, "train", {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}, state.step)
     loss_sum, acc_sum, utts, seen = state.dist.sum([loss_sum, acc_sum, utts, seen])
     return {
@@ -320,6 +374,7 @@ def evaluate(state, batches):
 
 # -- the run --------------------------------------------------------------------------------------
 
+
 def train(args):
     rank, local_rank, world_size, local_world = dist_env()
     exit_with_launcher()  # no orphaned workers when torchrun (or Snakemake) is killed
@@ -339,9 +394,15 @@ def train(args):
         torch.cuda.set_device(device)
     if rank == 0:
         # The multi-GPU checklist, before a GPU hour is spent: ids vs processes, visibility, NCCL, clip, workers.
-        report = run_preflight({"gpus": args.gpus, "nproc_per_node": local_world, "config": config,
-                                "threads": args.threads,
-                                "dist_backend": backend})
+        report = run_preflight(
+            {
+                "gpus": args.gpus,
+                "nproc_per_node": local_world,
+                "config": config,
+                "threads": args.threads,
+                "dist_backend": backend,
+            }
+        )
         for line in report.ok:
             log.info("preflight: %s", line)
         for line in report:
@@ -369,26 +430,44 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     train_items = read_data_list(args.train_data, args.num_keywords, dictionary)
     cv_items = read_data_list(args.cv_data, args.num_keywords, dictionary)
     stores = {}
-    for name, data_list, items, given in (("train", args.train_data, train_items, args.train_audio_store),
-                                          ("cv", args.cv_data, cv_items, args.cv_audio_store)):
+    for name, data_list, items, given in (
+        ("train", args.train_data, train_items, args.train_audio_store),
+        ("cv", args.cv_data, cv_items, args.cv_audio_store),
+    ):
         # Decoded once (rank 0 packs a store in model_dir when none is given), then sliced every epoch.
-        stores[name] = open_or_build(given or model_dir / "audio" / name, data_list, items, build=given is None,
-                                     is_builder=rank == 0, wait=lambda: dist.barrier("the audio store", args.timeout),
-                                     threads=threads)
-    train_set = KwsDataset(args.train_data, config["dataset_conf"], seed=args.seed, rank=rank,
-                           world_size=world_size, items=train_items, store=stores["train"])
+        stores[name] = open_or_build(
+            given or model_dir / "audio" / name,
+            data_list,
+            items,
+            build=given is None,
+            is_builder=rank == 0,
+            wait=lambda: dist.barrier("the audio store", args.timeout),
+            threads=threads,
+        )
+    train_set = KwsDataset(
+        args.train_data,
+        config["dataset_conf"],
+        seed=args.seed,
+        rank=rank,
+        world_size=world_size,
+        items=train_items,
+        store=stores["train"],
+    )
     cv_conf = cv_dataset_conf(config["dataset_conf"])
-    cv_set = KwsDataset(args.cv_data, cv_conf, seed=args.seed, rank=rank, world_size=world_size, items=cv_items,
-                        store=stores["cv"])
+    cv_set = KwsDataset(
+        args.cv_data, cv_conf, seed=args.seed, rank=rank, world_size=world_size, items=cv_items, store=stores["cv"]
+    )
     featurize = Featurizer(config["dataset_conf"], args.seed, rank, device, args.pin_memory)
     featurize_cv = Featurizer(cv_conf, args.seed, rank, device, args.pin_memory)
 
     # Model.
     cmvn = read_cmvn(args.cmvn_file) if args.cmvn_file is not None else None
     if cmvn is not None and len(cmvn["mean_stat"]) != input_dim:
-        raise KwsError(f"{args.cmvn_file}: statistics are {len(cmvn['mean_stat'])}-dimensional but the features "
-                       f"are {input_dim}-dimensional (dataset_conf.fbank_conf.num_mel_bins of {args.config}); "
-                       f"recompute the CMVN file")
+        raise KwsError(
+            f"{args.cmvn_file}: statistics are {len(cmvn['mean_stat'])}-dimensional but the features "
+            f"are {input_dim}-dimensional (dataset_conf.fbank_conf.num_mel_bins of {args.config}); "
+            f"recompute the CMVN file"
+        )
     seed_everything(args.seed)
     model = build_model(config["model"], input_dim, args.num_keywords, cmvn)
     if cmvn is not None and not args.norm_var:
@@ -401,13 +480,24 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     # Resume point: rank 0 chooses (only a checkpoint of this very run), every rank loads the same one.
     fingerprint = run_fingerprint(args, config, world_size, dictionary)
     chosen, payload = choose_checkpoint(args, model_dir, fingerprint, device) if rank == 0 else (None, None)
-    resume = load_resume_point(dist.broadcast(chosen), payload, config, args.num_keywords, input_dim,
-                               world_size, device)
+    resume = load_resume_point(
+        dist.broadcast(chosen), payload, config, args.num_keywords, input_dim, world_size, device
+    )
     del payload
     state = TrainState(
-        model=model, bare_model=model, optimizer=optimizer, criterion=criterion(tc["criterion"]), dist=dist,
-        device=device, input_dim=input_dim, min_duration=args.min_duration, grad_clip=float(tc["grad_clip"]),
-        guard=NonFiniteGuard(tc["max_nonfinite_steps"]), log_interval=int(tc["log_interval"]), rank=rank)
+        model=model,
+        bare_model=model,
+        optimizer=optimizer,
+        criterion=criterion(tc["criterion"]),
+        dist=dist,
+        device=device,
+        input_dim=input_dim,
+        min_duration=args.min_duration,
+        grad_clip=float(tc["grad_clip"]),
+        guard=NonFiniteGuard(tc["max_nonfinite_steps"]),
+        log_interval=int(tc["log_interval"]),
+        rank=rank,
+    )
     if resume.path:
         p = resume.payload
         model.load_state_dict(p["model"])
@@ -420,7 +510,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         log.info("resuming from %s: epoch %d of %d", resume.path, resume.start_epoch, max_epoch)
     if world_size > 1:
         state.model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     tsv_path = model_dir / "train_log.tsv"
     final_path = model_dir / "final.yaml"
@@ -429,21 +520,45 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         if resume.start_epoch <= max_epoch and final_path.exists():
             final_path.unlink()  # more epochs to train: the old completion marker no longer holds
         ckpt.write_yaml(model_dir / "config.yaml", config)
-        ckpt.write_yaml(model_dir / "run_info.yaml", run_info(
-            args, world_size, backend, device, threads, resume, max_epoch, count_parameters(model),
-            len(train_items), len(cv_items)))
+        ckpt.write_yaml(
+            model_dir / "run_info.yaml",
+            run_info(
+                args,
+                world_size,
+                backend,
+                device,
+                threads,
+                resume,
+                max_epoch,
+                count_parameters(model),
+                len(train_items),
+                len(cv_items),
+            ),
+        )
         # This run's records: its epochs only (a lowered max_epoch drops the rows beyond it).
         history = read_tsv(tsv_path, min(resume.start_epoch, max_epoch + 1))
-        state.writer = open_writer(Path(args.tensorboard_dir) if args.tensorboard_dir else model_dir / "tensorboard",
-                                   purge_step=state.step + 1 if resume.path else None)
-        log.info("model: %d parameters; %d train / %d cv utterances; %d process(es) on %s (%s), %d thread(s) each",
-                 count_parameters(model), len(train_items), len(cv_items), world_size, device.type,
-                 backend if world_size > 1 else "no DDP", threads)
+        state.writer = open_writer(
+            Path(args.tensorboard_dir) if args.tensorboard_dir else model_dir / "tensorboard",
+            purge_step=state.step + 1 if resume.path else None,
+        )
+        log.info(
+            "model: %d parameters; %d train / %d cv utterances; %d process(es) on %s (%s), %d thread(s) each",
+            count_parameters(model),
+            len(train_items),
+            len(cv_items),
+            world_size,
+            device.type,
+            backend if world_size > 1 else "no DDP",
+            threads,
+        )
         frames = receptive_field(model)
         if frames is not None:
             shift_ms = float(train_set.fbank_conf.get("frame_shift", 10))
-            log.info("receptive field: %d frames (%.2f s); a longer keyword is only ever seen in part",
-                     frames, frames * shift_ms / 1000)
+            log.info(
+                "receptive field: %d frames (%.2f s); a longer keyword is only ever seen in part",
+                frames,
+                frames * shift_ms / 1000,
+            )
 
     for epoch in range(resume.start_epoch, max_epoch + 1):
         seed_everything(epoch_seed(args.seed, epoch, rank))
@@ -457,40 +572,83 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         scheduler.step(cv_loss)
         seconds = time.monotonic() - started
         if rank == 0:
-            row = {"epoch": epoch, "train_loss": stats["train_loss"], "cv_loss": cv_loss, "cv_acc": cv_acc, "lr": lr,
-                   "grad_norm": stats["grad_norm"], "skipped_steps": stats["skipped_steps"],
-                   "seconds": round(seconds, 3), "utts_per_s": round(stats["train_utts"] / max(seconds, 1e-9), 2)}
-            ckpt.save_checkpoint(model_dir, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "epoch": epoch, "step": state.step, "cv_loss": cv_loss,
-                "cv_acc": cv_acc, "train_loss": stats["train_loss"], "lr": lr,
-                "skipped_steps_total": state.guard.total, "config": config,
-                "num_keywords": args.num_keywords, "input_dim": input_dim, "seed": args.seed,
-                "world_size": world_size, "fingerprint": fingerprint,
-            }, {
-                "cv_loss": cv_loss, "cv_acc": cv_acc, "train_loss": stats["train_loss"], "lr": lr,
-                "grad_norm": stats["grad_norm"], "skipped_steps": stats["skipped_steps"],
-                "train_utterances": stats["train_utts"], "batches": stats["batches"], "seconds": round(seconds, 3),
-            })
+            row = {
+                "epoch": epoch,
+                "train_loss": stats["train_loss"],
+                "cv_loss": cv_loss,
+                "cv_acc": cv_acc,
+                "lr": lr,
+                "grad_norm": stats["grad_norm"],
+                "skipped_steps": stats["skipped_steps"],
+                "seconds": round(seconds, 3),
+                "utts_per_s": round(stats["train_utts"] / max(seconds, 1e-9), 2),
+            }
+            ckpt.save_checkpoint(
+                model_dir,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "epoch": epoch,
+                    "step": state.step,
+                    "cv_loss": cv_loss,
+                    "cv_acc": cv_acc,
+                    "train_loss": stats["train_loss"],
+                    "lr": lr,
+                    "skipped_steps_total": state.guard.total,
+                    "config": config,
+                    "num_keywords": args.num_keywords,
+                    "input_dim": input_dim,
+                    "seed": args.seed,
+                    "world_size": world_size,
+                    "fingerprint": fingerprint,
+                },
+                {
+                    "cv_loss": cv_loss,
+                    "cv_acc": cv_acc,
+                    "train_loss": stats["train_loss"],
+                    "lr": lr,
+                    "grad_norm": stats["grad_norm"],
+                    "skipped_steps": stats["skipped_steps"],
+                    "train_utterances": stats["train_utts"],
+                    "batches": stats["batches"],
+                    "seconds": round(seconds, 3),
+                },
+            )
             history.append(row)
             write_tsv(tsv_path, history)
             add_scalars(state.writer, "epoch", {k: row[k] for k in row if k not in ("epoch", "seconds")}, state.step)
             if state.writer is not None:
                 state.writer.flush()
-            log.info("epoch %d: train_loss %.4f cv_loss %.4f cv_acc %.3f lr %.3g grad_norm %.3f skipped %d "
-                     "(%.1f s, %.1f utt/s, %d batches)", epoch, stats["train_loss"], cv_loss, cv_acc, lr,
-                     stats["grad_norm"], stats["skipped_steps"], seconds, row["utts_per_s"], stats["batches"])
+            log.info(
+                "epoch %d: train_loss %.4f cv_loss %.4f cv_acc %.3f lr %.3g grad_norm %.3f skipped %d "
+                "(%.1f s, %.1f utt/s, %d batches)",
+                epoch,
+                stats["train_loss"],
+                cv_loss,
+                cv_acc,
+                lr,
+                stats["grad_norm"],
+                stats["skipped_steps"],
+                seconds,
+                row["utts_per_s"],
+                stats["batches"],
+            )
         dist.barrier(f"the end of epoch {epoch}", args.timeout)  # nobody runs ahead of a checkpoint
 
     if rank == 0:
         if resume.start_epoch > max_epoch:
             write_tsv(tsv_path, history)  # nothing trained: the records still end at max_epoch
         epochs = [epoch for epoch, _, _ in ckpt.completed_epochs(model_dir) if epoch <= max_epoch]
-        ckpt.write_yaml(final_path, {
-            "max_epoch": max_epoch, "epochs": epochs,
-            "last_checkpoint": ckpt.checkpoint_name(max_epoch),
-            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        })
+        ckpt.write_yaml(
+            final_path,
+            {
+                "max_epoch": max_epoch,
+                "epochs": epochs,
+                "last_checkpoint": ckpt.checkpoint_name(max_epoch),
+                "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+            },
+        )
         if state.writer is not None:
             state.writer.close()
         log.info("training finished: %s", final_path)

@@ -16,8 +16,7 @@ from kws.fileio import atomic_open
 
 log = logging.getLogger("kws.train")
 
-TSV_COLUMNS = ["epoch", "train_loss", "cv_loss", "cv_acc", "lr", "grad_norm", "skipped_steps", "seconds",
-               "utts_per_s"]
+TSV_COLUMNS = ["epoch", "train_loss", "cv_loss", "cv_acc", "lr", "grad_norm", "skipped_steps", "seconds", "utts_per_s"]
 
 
 def setup_logging(rank):
@@ -52,11 +51,11 @@ def read_tsv(path, before_epoch):
 
 def write_tsv(path, rows):
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=TSV_COLUMNS, delimiter="\t", lineterminator="\n",
-                            extrasaction="ignore")
+    writer = csv.DictWriter(buffer, fieldnames=TSV_COLUMNS, delimiter="\t", lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows({key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()}
-                     for row in rows)
+    writer.writerows(
+        {key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()} for row in rows
+    )
     with atomic_open(path) as out:
         out.write(buffer.getvalue())
 
@@ -81,13 +80,22 @@ def add_scalars(writer, prefix, values, step):
 def run_info(args, world_size, backend, device, threads, resume, max_epoch, parameters, train_utts, cv_utts):
     """run_info.yaml: who trained, where, with what, from where."""
     return {
-        "seed": args.seed, "world_size": world_size, "backend": backend if world_size > 1 else None,
+        "seed": args.seed,
+        "world_size": world_size,
+        "backend": backend if world_size > 1 else None,
         "device": str(device) if device.type == "cpu" else f"cuda x {world_size}",
-        "threads_per_process": threads, "num_workers": args.num_workers,
-        "torch": str(torch.__version__), "python": platform.python_version(), "host": socket.gethostname(),
+        "threads_per_process": threads,
+        "num_workers": args.num_workers,
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "started": datetime.datetime.now().isoformat(timespec="seconds"), "resumed_from": resume.path,
-        "start_epoch": resume.start_epoch, "max_epoch": max_epoch, "parameters": parameters,
-        "train_utterances": train_utts, "cv_utterances": cv_utts,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "resumed_from": resume.path,
+        "start_epoch": resume.start_epoch,
+        "max_epoch": max_epoch,
+        "parameters": parameters,
+        "train_utterances": train_utts,
+        "cv_utterances": cv_utts,
         "argv": [sys.executable, *sys.argv],
     }

@@ -21,8 +21,10 @@ def main(argv=None):
     args = parse_args(argv)
     result = average_checkpoints(args.model_dir, args.num, args.mode, out=args.out)
     epochs = " ".join(str(e) for e in result["averaged_epochs"])
-    print(f"averaged {len(result['averaged_epochs'])} checkpoints ({args.mode}): epochs {epochs} -> {args.out} "
-          f"(+ {sidecar_path(args.out)})")
+    print(
+        f"averaged {len(result['averaged_epochs'])} checkpoints ({args.mode}): epochs {epochs} -> {args.out} "
+        f"(+ {sidecar_path(args.out)})"
+    )
 
 
 if __name__ == "__main__":

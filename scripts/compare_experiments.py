@@ -14,10 +14,15 @@ from kws.tables import compare_metrics
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--metrics", nargs="+", required=True, help="metrics.json files, one per run")
-    parser.add_argument("--names", nargs="+", default=None,
-                        help="run names (default: the folder above each metrics.json)")
-    parser.add_argument("--experiments", nargs="+", default=None,
-                        help="the experiment of each run: runs of one experiment (seeds) get a median row")
+    parser.add_argument(
+        "--names", nargs="+", default=None, help="run names (default: the folder above each metrics.json)"
+    )
+    parser.add_argument(
+        "--experiments",
+        nargs="+",
+        default=None,
+        help="the experiment of each run: runs of one experiment (seeds) get a median row",
+    )
     parser.add_argument("--out-md", required=True, help="Markdown table to write")
     parser.add_argument("--out-tsv", required=True, help="TSV table to write")
     parser.add_argument("--out-plot", default=None, help="DET comparison PNG to write")

@@ -15,9 +15,14 @@ def parse_args(argv=None):
     parser.add_argument("--data-list", required=True, help="training data.list")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model-config", default=None, help="model YAML; its dataset_conf.fbank_conf is used")
-    source.add_argument("--fbank-json", default=None, help='fbank settings as JSON, e.g. \'{"num_mel_bins": 40}\'')
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted model-config override (with --model-config), value parsed as YAML")
+    source.add_argument("--fbank-json", default=None, help="fbank settings as JSON, e.g. '{\"num_mel_bins\": 40}'")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted model-config override (with --model-config), value parsed as YAML",
+    )
     parser.add_argument("--threads", type=int, default=1, help="worker processes")
     parser.add_argument("--out", required=True, help="output global_cmvn")
     return parser.parse_args(argv)

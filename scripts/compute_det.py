@@ -13,24 +13,42 @@ def parse_args(argv=None):
     parser.add_argument("--test-data", required=True, help="test data.list (labels and durations)")
     parser.add_argument("--dict", required=True, help="dict/words.txt")
     parser.add_argument("--step", type=float, default=0.01, help="threshold step (thresholds 0 .. <1)")
-    parser.add_argument("--window-shift", type=int, default=50,
-                        help="frames skipped after a false alarm before the next can count")
-    parser.add_argument("--fa-targets", type=float, nargs="+", default=list(DEFAULT_FA_TARGETS),
-                        help="false alarms per hour at which to report FRR")
-    parser.add_argument("--experiment", default=None,
-                        help="experiment name recorded in the metrics (default: the --out-dir folder name)")
+    parser.add_argument(
+        "--window-shift", type=int, default=50, help="frames skipped after a false alarm before the next can count"
+    )
+    parser.add_argument(
+        "--fa-targets",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_FA_TARGETS),
+        help="false alarms per hour at which to report FRR",
+    )
+    parser.add_argument(
+        "--experiment",
+        default=None,
+        help="experiment name recorded in the metrics (default: the --out-dir folder name)",
+    )
     parser.add_argument("--out-dir", required=True, help="folder for metrics.json, metrics.tsv, metrics.md")
-    parser.add_argument("--stats-dir", default=None,
-                        help="folder for the per-keyword stats.<keyword>.txt (default: <out-dir>/det)")
+    parser.add_argument(
+        "--stats-dir", default=None, help="folder for the per-keyword stats.<keyword>.txt (default: <out-dir>/det)"
+    )
     return parser.parse_args(argv)
 
 
 @cli
 def main(argv=None):
     args = parse_args(argv)
-    metrics = compute_det(args.score, args.test_data, args.dict, args.out_dir, step=args.step,
-                          window_shift=args.window_shift, fa_targets=args.fa_targets, experiment=args.experiment,
-                          stats_dir=args.stats_dir)
+    metrics = compute_det(
+        args.score,
+        args.test_data,
+        args.dict,
+        args.out_dir,
+        step=args.step,
+        window_shift=args.window_shift,
+        fa_targets=args.fa_targets,
+        experiment=args.experiment,
+        stats_dir=args.stats_dir,
+    )
     for kw in metrics["keywords"].values():
         parts = []
         for point in kw["operating_points"]:

@@ -19,20 +19,35 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint", required=True, help="checkpoint to export (e.g. avg.pt)")
     parser.add_argument("--dict", required=True, help="dict/words.txt (keyword tokens, stored in the metadata)")
     parser.add_argument("--metrics", help="metrics.json of compute_det: recommended thresholds per keyword")
-    parser.add_argument("--fa-target", type=float, default=DEFAULT_FA_TARGET,
-                        help=f"FA/h operating point whose threshold is recommended (default {DEFAULT_FA_TARGET:g})")
+    parser.add_argument(
+        "--fa-target",
+        type=float,
+        default=DEFAULT_FA_TARGET,
+        help=f"FA/h operating point whose threshold is recommended (default {DEFAULT_FA_TARGET:g})",
+    )
     parser.add_argument("--test-data", required=True, help="data.list whose utterances check the exports")
     parser.add_argument("--num-utts", type=int, default=8, help="utterances to check (default 8)")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="max abs posterior difference (default 1e-5)")
     parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset (default {OPSET})")
-    parser.add_argument("--score", default=None,
-                        help="score.txt of --test-data: the ONNX model then also runs as kws-detect does over all of "
-                             "--test-data, and must agree with it at the exported thresholds (export.json: deployed)")
-    parser.add_argument("--refractory", type=float, default=DEFAULT_REFRACTORY,
-                        help=f"the detector's refractory period in seconds (default {DEFAULT_REFRACTORY:g})")
+    parser.add_argument(
+        "--score",
+        default=None,
+        help="score.txt of --test-data: the ONNX model then also runs as kws-detect does over all of "
+        "--test-data, and must agree with it at the exported thresholds (export.json: deployed)",
+    )
+    parser.add_argument(
+        "--refractory",
+        type=float,
+        default=DEFAULT_REFRACTORY,
+        help=f"the detector's refractory period in seconds (default {DEFAULT_REFRACTORY:g})",
+    )
     parser.add_argument("--window-shift", type=int, default=50, help="the DET's hold-off in frames (default 50)")
-    parser.add_argument("--chunk-ms", type=float, default=DEFAULT_CHUNK_MS,
-                        help=f"audio per detector step in ms (default {DEFAULT_CHUNK_MS:g})")
+    parser.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=DEFAULT_CHUNK_MS,
+        help=f"audio per detector step in ms (default {DEFAULT_CHUNK_MS:g})",
+    )
     parser.add_argument("--threads", type=int, default=1, help="processes running the detector (default 1)")
     parser.add_argument("--out-dir", required=True, help="folder for model.onnx, model.pt, export.json")
     return parser.parse_args(argv)
@@ -41,22 +56,38 @@ def parse_args(argv=None):
 @cli
 def main(argv=None):
     args = parse_args(argv)
-    report = export_model(args.checkpoint, args.dict, args.out_dir, args.test_data, metrics=args.metrics,
-                          num_utts=args.num_utts, fa_target=args.fa_target, tolerance=args.tolerance,
-                          opset=args.opset, score=args.score, refractory=args.refractory,
-                          window_shift=args.window_shift, chunk_ms=args.chunk_ms, workers=args.threads)
+    report = export_model(
+        args.checkpoint,
+        args.dict,
+        args.out_dir,
+        args.test_data,
+        metrics=args.metrics,
+        num_utts=args.num_utts,
+        fa_target=args.fa_target,
+        tolerance=args.tolerance,
+        opset=args.opset,
+        score=args.score,
+        refractory=args.refractory,
+        window_shift=args.window_shift,
+        chunk_ms=args.chunk_ms,
+        workers=args.threads,
+    )
     diffs = {backend: max(values.values()) for backend, values in report["check"]["max_abs_diff"].items()}
     thresholds = " ".join(f"{kw}={t:g}" for kw, t in report["meta"]["thresholds"].items())
-    print(f"exported {args.checkpoint} -> {args.out_dir}/model.onnx, model.pt "
-          f"(checked on {len(report['check']['utterances'])} utterances: max |diff| onnx {diffs['onnx']:.2g}, "
-          f"torchscript {diffs['torchscript']:.2g}); thresholds {thresholds}")
+    print(
+        f"exported {args.checkpoint} -> {args.out_dir}/model.onnx, model.pt "
+        f"(checked on {len(report['check']['utterances'])} utterances: max |diff| onnx {diffs['onnx']:.2g}, "
+        f"torchscript {diffs['torchscript']:.2g}); thresholds {thresholds}"
+    )
     for token, fig in report.get("deployed", {}).get("keywords", {}).items():
         stream, offline = fig["streaming"], fig["offline_window_shift"]
-        print(f"deployed {token} at {fig['threshold']:g}: streaming FRR {100 * stream['frr']:.2f} % "
-              f"({stream['misses']}/{stream['positives']}), {stream['fa_per_hour']:.2f} FA/h "
-              f"({stream['false_alarms']} in {stream['filler_hours']:.2f} h); "
-              f"offline FRR {100 * offline['frr']:.2f} %, "
-              f"{offline['fa_per_hour']:.2f} FA/h")
+        print(
+            f"deployed {token} at {fig['threshold']:g}: streaming FRR {100 * stream['frr']:.2f} % "
+            f"({stream['misses']}/{stream['positives']}), {stream['fa_per_hour']:.2f} FA/h "
+            f"({stream['false_alarms']} in {stream['filler_hours']:.2f} h); "
+            f"offline FRR {100 * offline['frr']:.2f} %, "
+            f"{offline['fa_per_hour']:.2f} FA/h"
+        )
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ def parse_args(argv=None):
 @cli
 def main(argv=None):
     args = parse_args(argv)
-    summary = make_list(args.data_dir, args.dict, wav_dur=args.wav_dur, data_list=args.data_list,
-                        threads=args.threads)
-    print(f"{summary['data_list']}: {summary['utterances']} utterances "
-          f"({summary['keyword_utterances']} keyword, {summary['filler_utterances']} filler), "
-          f"{summary['hours']:.4f} h ({summary['hours'] * 3600:.1f} s)")
+    summary = make_list(args.data_dir, args.dict, wav_dur=args.wav_dur, data_list=args.data_list, threads=args.threads)
+    print(
+        f"{summary['data_list']}: {summary['utterances']} utterances "
+        f"({summary['keyword_utterances']} keyword, {summary['filler_utterances']} filler), "
+        f"{summary['hours']:.4f} h ({summary['hours'] * 3600:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -17,12 +17,21 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stats", nargs="+", default=[], help="stats.<keyword>.txt files")
     parser.add_argument("--dirs", nargs="+", default=[], help="metrics folders to compare (implies --compare)")
-    parser.add_argument("--labels", nargs="+", default=None,
-                        help="curve labels (one per stats file), or experiment names with --compare")
+    parser.add_argument(
+        "--labels",
+        nargs="+",
+        default=None,
+        help="curve labels (one per stats file), or experiment names with --compare",
+    )
     parser.add_argument("--compare", action="store_true", help="one curve per experiment and keyword")
     parser.add_argument("--title", default=None, help="experiment name for the title")
-    parser.add_argument("--fa-targets", type=float, nargs="*", default=list(DEFAULT_TARGETS),
-                        help="FA/h values marked by vertical lines")
+    parser.add_argument(
+        "--fa-targets",
+        type=float,
+        nargs="*",
+        default=list(DEFAULT_TARGETS),
+        help="FA/h values marked by vertical lines",
+    )
     parser.add_argument("--out", required=True, help="PNG to write")
     return parser.parse_args(argv)
 

@@ -18,17 +18,34 @@ def parse_args(argv=None):
     parser.add_argument("--gpus", default=None, help="WeKws-style GPU ids, e.g. 0,1 (-1: CPU)")
     parser.add_argument("--nproc_per_node", type=int, default=None, help="torchrun --nproc_per_node")
     parser.add_argument("--config", default=None, help="model config (WeKws YAML)")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted config override, e.g. training_config.grad_clip=5 (repeatable)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted config override, e.g. training_config.grad_clip=5 (repeatable)",
+    )
     parser.add_argument("--num_workers", type=int, default=None, help="DataLoader workers per process")
     parser.add_argument("--threads", type=int, default=None, help="CPUs the job gets (default: affinity mask)")
     parser.add_argument("--master_addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
-    parser.add_argument("--master_port", type=int, default=DEFAULT_MASTER_PORT,
-                        help=f"rendezvous port to check (default {DEFAULT_MASTER_PORT}, torchrun's)")
-    parser.add_argument("--choose_port", action="store_true",
-                        help="when the port is taken, print a free one (last line: master_port=N) instead of failing")
-    parser.add_argument("--ddp.dist_backend", dest="dist_backend", default="auto", choices=["auto", "nccl", "gloo"],
-                        help="distributed backend (auto: nccl with GPUs, gloo without)")
+    parser.add_argument(
+        "--master_port",
+        type=int,
+        default=DEFAULT_MASTER_PORT,
+        help=f"rendezvous port to check (default {DEFAULT_MASTER_PORT}, torchrun's)",
+    )
+    parser.add_argument(
+        "--choose_port",
+        action="store_true",
+        help="when the port is taken, print a free one (last line: master_port=N) instead of failing",
+    )
+    parser.add_argument(
+        "--ddp.dist_backend",
+        dest="dist_backend",
+        default="auto",
+        choices=["auto", "nccl", "gloo"],
+        help="distributed backend (auto: nccl with GPUs, gloo without)",
+    )
     return parser.parse_args(argv)
 
 

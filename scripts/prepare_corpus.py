@@ -9,14 +9,21 @@ from kws.recipes import CORPORA, prepare_corpus
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--corpus", required=True, choices=CORPORA,
-                        help="mobvoi (OpenSLR 87), speech_commands (v2), snips (Hey Snips) "
-                             "or kaldi (a prepared folder)")
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        choices=CORPORA,
+        help="mobvoi (OpenSLR 87), speech_commands (v2), snips (Hey Snips) or kaldi (a prepared folder)",
+    )
     parser.add_argument("--root", required=True, help="the corpus as downloaded and unpacked")
     parser.add_argument("--out-dir", required=True, help="where dict/ and train/ dev/ test/ are written")
-    parser.add_argument("--keywords", nargs="+", default=None,
-                        help="speech_commands: words to spot (default: yes no; `all` for every word); "
-                             "kaldi: keyword tokens instead of <root>/dict/words.txt")
+    parser.add_argument(
+        "--keywords",
+        nargs="+",
+        default=None,
+        help="speech_commands: words to spot (default: yes no; `all` for every word); "
+        "kaldi: keyword tokens instead of <root>/dict/words.txt",
+    )
     return parser.parse_args(argv)
 
 

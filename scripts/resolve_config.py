@@ -19,8 +19,9 @@ def main():
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     experiment = json.loads(args.experiment)
-    resolved = experiment_record(load_model_config(args.model_config, experiment.get("overrides")), experiment,
-                                 json.loads(args.pipeline))
+    resolved = experiment_record(
+        load_model_config(args.model_config, experiment.get("overrides")), experiment, json.loads(args.pipeline)
+    )
     with atomic_open(args.out) as out:
         out.write(dump_yaml(resolved))
 

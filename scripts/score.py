@@ -15,8 +15,12 @@ def parse_args(argv=None):
     parser.add_argument("--dict", required=True, help="dict/words.txt")
     parser.add_argument("--out", required=True, help="score.txt to write")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-batch-frames", type=int, default=DEFAULT_MAX_BATCH_FRAMES,
-                        help="cap on padded frames per batch (longer utterances run in cached chunks)")
+    parser.add_argument(
+        "--max-batch-frames",
+        type=int,
+        default=DEFAULT_MAX_BATCH_FRAMES,
+        help="cap on padded frames per batch (longer utterances run in cached chunks)",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return parser.parse_args(argv)
@@ -26,8 +30,16 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    count = score(args.checkpoint, args.test_data, args.dict, args.out, batch_size=args.batch_size,
-                  device=args.device, threads=args.threads, max_batch_frames=args.max_batch_frames)
+    count = score(
+        args.checkpoint,
+        args.test_data,
+        args.dict,
+        args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        threads=args.threads,
+        max_batch_frames=args.max_batch_frames,
+    )
     print(f"scored {count} utterances -> {args.out}")
 
 

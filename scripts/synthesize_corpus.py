@@ -19,24 +19,62 @@ def main(argv=None):
     parser.add_argument("--size", default="default", choices=list(SIZES), help="corpus size (default: default)")
     parser.add_argument("--seed", type=int, default=666, help="random seed (default: 666)")
     parser.add_argument("--threads", type=int, default=2, help="worker processes (default: 2)")
-    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
-                        help="noise, babble, reverberation, speed, level and silence (default: on)")
-    parser.add_argument("--train-utterances", type=int, default=None,
-                        help="training split size instead of the size's own (dev and test unchanged)")
+    parser.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="noise, babble, reverberation, speed, level and silence (default: on)",
+    )
+    parser.add_argument(
+        "--train-utterances",
+        type=int,
+        default=None,
+        help="training split size instead of the size's own (dev and test unchanged)",
+    )
     parser.add_argument("--language", default="cmn", help="eSpeak NG language code of the keywords (default: cmn)")
-    parser.add_argument("--keywords", nargs="*", default=[],
-                        help="keyword phrases (default: the language's built-in ones; cmn: hi_xiaowen nihao_wenwen)")
-    parser.add_argument("--engines", nargs="+", default=["espeak"], choices=ENGINES,
-                        help="engines of train, dev and test (default: espeak)")
-    parser.add_argument("--heldout-engine", default=None, choices=ENGINES,
-                        help="an engine heard only in an extra test split, test_engine")
-    parser.add_argument("--speaker-augment", nargs="*", default=[], choices=SPEAKER_TRANSFORMS,
-                        help="speaker augmentation transforms (default: none)")
+    parser.add_argument(
+        "--keywords",
+        nargs="*",
+        default=[],
+        help="keyword phrases (default: the language's built-in ones; cmn: hi_xiaowen nihao_wenwen)",
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["espeak"],
+        choices=ENGINES,
+        help="engines of train, dev and test (default: espeak)",
+    )
+    parser.add_argument(
+        "--heldout-engine",
+        default=None,
+        choices=ENGINES,
+        help="an engine heard only in an extra test split, test_engine",
+    )
+    parser.add_argument(
+        "--speaker-augment",
+        nargs="*",
+        default=[],
+        choices=SPEAKER_TRANSFORMS,
+        help="speaker augmentation transforms (default: none)",
+    )
     args = parser.parse_args(argv)
-    spec = CorpusSpec(language=args.language, keywords=args.keywords, engines=args.engines,
-                      heldout_engine=args.heldout_engine, speaker_augment=args.speaker_augment)
-    summary = synthesize_corpus(args.out_dir, size=args.size, seed=args.seed, threads=args.threads,
-                                augment=args.augment, train_utterances=args.train_utterances, spec=spec)
+    spec = CorpusSpec(
+        language=args.language,
+        keywords=args.keywords,
+        engines=args.engines,
+        heldout_engine=args.heldout_engine,
+        speaker_augment=args.speaker_augment,
+    )
+    summary = synthesize_corpus(
+        args.out_dir,
+        size=args.size,
+        seed=args.seed,
+        threads=args.threads,
+        augment=args.augment,
+        train_utterances=args.train_utterances,
+        spec=spec,
+    )
     print(summary_line(summary))
 
 

@@ -56,8 +56,13 @@ def write_tiny_corpus(root, per_class=(2, 1, 1)):
         for label, (token, kind, freq) in enumerate(classes):
             for n in range(count):
                 key = f"{split}_c{label}_{n:02d}"
-                wav = write_test_wav(root / "wavs" / split / f"{key}.wav", seconds=0.25 + 0.05 * n,
-                                     kind=kind, freq=freq, seed=1000 * len(split) + 100 * label + n)
+                wav = write_test_wav(
+                    root / "wavs" / split / f"{key}.wav",
+                    seconds=0.25 + 0.05 * n,
+                    kind=kind,
+                    freq=freq,
+                    seed=1000 * len(split) + 100 * label + n,
+                )
                 scp.append(f"{key} {wav}\n")
                 text.append(f"{key} {token}\n")
         (root / split / "wav.scp").write_text("".join(scp))

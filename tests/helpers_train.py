@@ -56,8 +56,9 @@ def make_split(folder, num, seed, start=0, tokens=False):
         key = f"utt{start + i:04d}"
         path = folder / "wav" / f"{key}.wav"
         write_wav(path, samples.astype(np.float32))
-        items.append({"key": key, "txt": TOKENS[label] if tokens else label, "duration": round(n / 16000.0, 4),
-                      "wav": str(path)})
+        items.append(
+            {"key": key, "txt": TOKENS[label] if tokens else label, "duration": round(n / 16000.0, 4), "wav": str(path)}
+        )
     with open(folder / "data.list", "w", encoding="utf-8") as out:
         for item in items:
             out.write(json.dumps(item) + "\n")
@@ -88,6 +89,23 @@ def write_config(path, overrides=None):
 
 
 def train_argv(corpus, config, model_dir, *extra):
-    return ["--config", str(config), "--train_data", str(corpus["train"]), "--cv_data", str(corpus["dev"]),
-            "--model_dir", str(model_dir), "--num_keywords", "2", "--min_duration", "5", "--seed", "666",
-            "--cmvn_file", str(corpus["cmvn"]), "--norm_var", *map(str, extra)]
+    return [
+        "--config",
+        str(config),
+        "--train_data",
+        str(corpus["train"]),
+        "--cv_data",
+        str(corpus["dev"]),
+        "--model_dir",
+        str(model_dir),
+        "--num_keywords",
+        "2",
+        "--min_duration",
+        "5",
+        "--seed",
+        "666",
+        "--cmvn_file",
+        str(corpus["cmvn"]),
+        "--norm_var",
+        *map(str, extra),
+    ]

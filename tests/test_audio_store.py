@@ -99,8 +99,12 @@ def test_stale_store_errors(corpus, tmp_path):
 
 
 def pack_audio(*args):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "pack_audio.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "pack_audio.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_and_atomic_output(corpus, tmp_path):
@@ -127,8 +131,21 @@ def test_training_from_a_store_is_the_run_without_one(tmp_path):
         build_store(paths[split], folder)
     config = write_config(tmp_path / "conf.yaml")
     common = ["--threads", "1", "--max_epoch", "1"]
-    assert train_main(train_argv(paths, config, tmp_path / "a", *common, "--train_audio_store", stores["train"],
-                                 "--cv_audio_store", stores["dev"])) == 0
+    assert (
+        train_main(
+            train_argv(
+                paths,
+                config,
+                tmp_path / "a",
+                *common,
+                "--train_audio_store",
+                stores["train"],
+                "--cv_audio_store",
+                stores["dev"],
+            )
+        )
+        == 0
+    )
     assert train_main(train_argv(paths, config, tmp_path / "b", *common)) == 0
     assert (tmp_path / "b" / "audio" / "train" / "samples.npy").is_file()
     a = torch.load(tmp_path / "a" / "epoch_001.pt", weights_only=True)

@@ -130,17 +130,41 @@ def test_sidecar_epoch_mismatch(tmp_path):
 def test_cli_error_is_one_line(model_dir, tmp_path):
     out = tmp_path / "avg.pt"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "average_model.py"), "--model-dir", str(model_dir),
-         "--num", "9", "--mode", "last", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "average_model.py"),
+            "--model-dir",
+            str(model_dir),
+            "--num",
+            "9",
+            "--mode",
+            "last",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
     assert not out.exists()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "average_model.py"), "--model-dir", str(model_dir),
-         "--num", "2", "--mode", "last", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "average_model.py"),
+            "--model-dir",
+            str(model_dir),
+            "--num",
+            "2",
+            "--mode",
+            "last",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     assert torch.load(out, weights_only=False)["averaged_epochs"] == [4, 5]
@@ -156,9 +180,18 @@ def test_average_real_model_loads(tmp_path):
         torch.manual_seed(epoch)
         model = build_model(TINY_CONFIG["model"], 16, 2, None)
         states.append(model.state_dict())
-        save_checkpoint(tmp_path, {"model": model.state_dict(), "epoch": epoch, "cv_loss": 1.0 / epoch,
-                                   "config": TINY_CONFIG, "num_keywords": 2, "input_dim": 16},
-                        {"cv_loss": 1.0 / epoch, "lr": 0.01})
+        save_checkpoint(
+            tmp_path,
+            {
+                "model": model.state_dict(),
+                "epoch": epoch,
+                "cv_loss": 1.0 / epoch,
+                "config": TINY_CONFIG,
+                "num_keywords": 2,
+                "input_dim": 16,
+            },
+            {"cv_loss": 1.0 / epoch, "lr": 0.01},
+        )
     out = tmp_path / "avg.pt"
     average_checkpoints(tmp_path, 2, "best", out=out)
     model, payload = load_model(out)

@@ -51,8 +51,14 @@ def _checkpoint(path, config, epoch="avg", seed=0):
     torch.manual_seed(seed)
     dim = config["dataset_conf"]["fbank_conf"]["num_mel_bins"]
     model = build_model(config["model"], dim, 2, None)
-    payload = {"model": model.state_dict(), "config": config, "num_keywords": 2, "input_dim": dim,
-               "epoch": epoch, "cv_loss": 1.0}
+    payload = {
+        "model": model.state_dict(),
+        "config": config,
+        "num_keywords": 2,
+        "input_dim": dim,
+        "epoch": epoch,
+        "cv_loss": 1.0,
+    }
     torch.save(payload, path)
     return path
 
@@ -68,11 +74,11 @@ def template(tmp_path_factory):
     for epoch in (1, 2):
         _checkpoint(root / "model" / f"epoch_{epoch:03d}.pt", TRAIN_CONFIG, epoch=epoch, seed=epoch)
         (root / "model" / f"epoch_{epoch:03d}.yaml").write_text(
-            yaml.safe_dump({"epoch": epoch, "cv_loss": 1.0 / epoch, "checkpoint": f"epoch_{epoch:03d}.pt"}))
+            yaml.safe_dump({"epoch": epoch, "cv_loss": 1.0 / epoch, "checkpoint": f"epoch_{epoch:03d}.pt"})
+        )
     (root / "conf.yaml").write_text(yaml.safe_dump(TRAIN_CONFIG, sort_keys=False))
     dim = TRAIN_CONFIG["dataset_conf"]["fbank_conf"]["num_mel_bins"]
-    (root / "cmvn").write_text(json.dumps({"mean_stat": [1000.0] * dim, "var_stat": [10400.0] * dim,
-                                           "frame_num": 100}))
+    (root / "cmvn").write_text(json.dumps({"mean_stat": [1000.0] * dim, "var_stat": [10400.0] * dim, "frame_num": 100}))
     # A score file that matches test/data.list (what score.py writes), for the DET cases.
     lines = []
     for item in map(json.loads, (root / "test" / "data.list").read_text().splitlines()):
@@ -87,9 +93,16 @@ class Setup(dict):
 
     def __init__(self, root):
         super().__init__(
-            root=root, list=root / "test" / "data.list", words=root / "words.txt", ckpt=root / "avg.pt",
-            model_dir=root / "model", conf=root / "conf.yaml", cmvn=root / "cmvn", score=root / "score.txt",
-            out=root / "out", py=sys.executable,
+            root=root,
+            list=root / "test" / "data.list",
+            words=root / "words.txt",
+            ckpt=root / "avg.pt",
+            model_dir=root / "model",
+            conf=root / "conf.yaml",
+            cmvn=root / "cmvn",
+            score=root / "score.txt",
+            out=root / "out",
+            py=sys.executable,
         )
 
     def fill(self, text):
@@ -221,8 +234,10 @@ CMVN = "{py} scripts/compute_cmvn.py --data-list {list} --fbank-json '{{\"num_me
 SCORE = "{py} scripts/score.py --checkpoint {ckpt} --test-data {list} --dict {words} --out {out}/score.txt --device cpu"
 DET = "{py} scripts/compute_det.py --score {score} --test-data {list} --dict {words} --out-dir {out}"
 AVERAGE = "{py} scripts/average_model.py --model-dir {model_dir} --num 2 --out {out}/avg.pt"
-TRAIN = ("{py} scripts/train.py --config {conf} --train_data {list} --cv_data {list} --model_dir {out}/model "
-         "--num_keywords 2 --min_duration 5 --cmvn_file {cmvn} --norm_var --max_epoch 1 --threads 1")
+TRAIN = (
+    "{py} scripts/train.py --config {conf} --train_data {list} --cv_data {list} --model_dir {out}/model "
+    "--num_keywords 2 --min_duration 5 --cmvn_file {cmvn} --norm_var --max_epoch 1 --threads 1"
+)
 SNAKEMAKE_N = "{py} -m snakemake -n --cores 1 --snakefile {wf}/workflow/Snakefile --directory {wf}"
 TRAIN_OUT = ["{out}/model/final.yaml", "{out}/model/epoch_001.pt", "{out}/model/epoch_001.yaml"]
 
@@ -239,69 +254,219 @@ class Case:
 
 CASES = [
     # --- audio a data.list points at (make_list checks wav.scp; these reach the other readers)
-    Case("corrupt_wav", "a wav whose header is garbage", bad_audio(_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt junk" * 4)),
-         CMVN, "{bad}: not a readable audio file", ["{out}/global_cmvn"]),
-    Case("empty_file", "a zero-byte .wav", bad_audio(_bytes(b"")), CMVN, "{bad}: not a readable audio file",
-         ["{out}/global_cmvn"]),
-    Case("no_samples", "a valid wav header with no samples", bad_audio(_zero_samples), CMVN,
-         "{bad}: audio file is empty", ["{out}/global_cmvn"]),
-    Case("not_wav", "a text file named .wav", bad_audio(_bytes(b"key /some/path.wav\n" * 50)), SCORE,
-         "{bad}: not a readable audio file", ["{out}/score.txt"]),
-    Case("rate_8k", "8 kHz audio", bad_audio(_wav(rate=8000)), SCORE, "{bad}: sample rate 8000 Hz, expected 16000 Hz",
-         ["{out}/score.txt"]),
-    Case("stereo", "stereo audio (training)", bad_audio(_wav(channels=2)), TRAIN, "{bad}: 2 channels, expected mono",
-         TRAIN_OUT),
-    Case("missing_wav", "a wav that does not exist", bad_audio(lambda path: None), CMVN,
-         "{bad}: audio file not found", ["{out}/global_cmvn"]),
+    Case(
+        "corrupt_wav",
+        "a wav whose header is garbage",
+        bad_audio(_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt junk" * 4)),
+        CMVN,
+        "{bad}: not a readable audio file",
+        ["{out}/global_cmvn"],
+    ),
+    Case(
+        "empty_file",
+        "a zero-byte .wav",
+        bad_audio(_bytes(b"")),
+        CMVN,
+        "{bad}: not a readable audio file",
+        ["{out}/global_cmvn"],
+    ),
+    Case(
+        "no_samples",
+        "a valid wav header with no samples",
+        bad_audio(_zero_samples),
+        CMVN,
+        "{bad}: audio file is empty",
+        ["{out}/global_cmvn"],
+    ),
+    Case(
+        "not_wav",
+        "a text file named .wav",
+        bad_audio(_bytes(b"key /some/path.wav\n" * 50)),
+        SCORE,
+        "{bad}: not a readable audio file",
+        ["{out}/score.txt"],
+    ),
+    Case(
+        "rate_8k",
+        "8 kHz audio",
+        bad_audio(_wav(rate=8000)),
+        SCORE,
+        "{bad}: sample rate 8000 Hz, expected 16000 Hz",
+        ["{out}/score.txt"],
+    ),
+    Case(
+        "stereo",
+        "stereo audio (training)",
+        bad_audio(_wav(channels=2)),
+        TRAIN,
+        "{bad}: 2 channels, expected mono",
+        TRAIN_OUT,
+    ),
+    Case(
+        "missing_wav",
+        "a wav that does not exist",
+        bad_audio(lambda path: None),
+        CMVN,
+        "{bad}: audio file not found",
+        ["{out}/global_cmvn"],
+    ),
     # --- data.list itself
-    Case("malformed_json", "a data.list line that is not JSON", edit_list(lambda t: t.replace("}\n", "\n", 1)),
-         SCORE, "{list}:1: malformed JSON", ["{out}/score.txt"]),
-    Case("duplicate_key", "the same key twice in data.list", edit_list(duplicate_key), CMVN,
-         "{list}:5: duplicate key 'utt0001'", ["{out}/global_cmvn"]),
-    Case("unknown_label", "a keyword id the dictionary does not have", relabel(1, 7), DET,
-         "{list}:3: label 7 is not a keyword id (-1..1)", ["{out}/metrics.json"]),
-    Case("missing_list", "a data.list that does not exist", lambda s: s["list"].unlink(), TRAIN,
-         "{list}: file not found", TRAIN_OUT),
+    Case(
+        "malformed_json",
+        "a data.list line that is not JSON",
+        edit_list(lambda t: t.replace("}\n", "\n", 1)),
+        SCORE,
+        "{list}:1: malformed JSON",
+        ["{out}/score.txt"],
+    ),
+    Case(
+        "duplicate_key",
+        "the same key twice in data.list",
+        edit_list(duplicate_key),
+        CMVN,
+        "{list}:5: duplicate key 'utt0001'",
+        ["{out}/global_cmvn"],
+    ),
+    Case(
+        "unknown_label",
+        "a keyword id the dictionary does not have",
+        relabel(1, 7),
+        DET,
+        "{list}:3: label 7 is not a keyword id (-1..1)",
+        ["{out}/metrics.json"],
+    ),
+    Case(
+        "missing_list",
+        "a data.list that does not exist",
+        lambda s: s["list"].unlink(),
+        TRAIN,
+        "{list}: file not found",
+        TRAIN_OUT,
+    ),
     # --- DET
-    Case("no_positives", "a test set without positives for a keyword", relabel(1, -1), DET,
-         "{list}: keyword <NIHAO_WENWEN> has no positive utterances", ["{out}/metrics.json", "{out}/det"]),
-    Case("bad_score_line", "score.txt with a non-numeric posterior",
-         lambda s: s["score"].write_text(s["score"].read_text().replace("0.900000", "nan?", 1)), DET,
-         "{score}:1: posteriors must be numbers", ["{out}/metrics.json"]),
+    Case(
+        "no_positives",
+        "a test set without positives for a keyword",
+        relabel(1, -1),
+        DET,
+        "{list}: keyword <NIHAO_WENWEN> has no positive utterances",
+        ["{out}/metrics.json", "{out}/det"],
+    ),
+    Case(
+        "bad_score_line",
+        "score.txt with a non-numeric posterior",
+        lambda s: s["score"].write_text(s["score"].read_text().replace("0.900000", "nan?", 1)),
+        DET,
+        "{score}:1: posteriors must be numbers",
+        ["{out}/metrics.json"],
+    ),
     # --- checkpoints vs configs
-    Case("edited_config", "score with a checkpoint whose stored model config was edited", edited_checkpoint_config,
-         SCORE, "{ckpt}: weights do not fit the model its config describes", ["{out}/score.txt"]),
-    Case("mixed_shapes", "average checkpoints of two different model shapes", mixed_shapes, AVERAGE,
-         "{model_dir}/epoch_002.pt: preprocessing.0.weight is torch.float32 (8, 16)",
-         ["{out}/avg.pt", "{out}/avg.yaml"]),
-    Case("truncated_avg", "score with a truncated checkpoint", truncate("avg.pt"), SCORE,
-         "{ckpt}: not a readable checkpoint", ["{out}/score.txt"]),
-    Case("truncated_epoch", "average with a truncated epoch checkpoint", truncate("model/epoch_001.pt"), AVERAGE,
-         "{model_dir}/epoch_001.pt: not a readable checkpoint", ["{out}/avg.pt", "{out}/avg.yaml"]),
-    Case("cmvn_dim", "a global_cmvn with another feature dimension than the config",
-         lambda s: s["cmvn"].write_text(json.dumps({"mean_stat": [1.0] * 40, "var_stat": [2.0] * 40,
-                                                    "frame_num": 1})),
-         TRAIN, "{cmvn}: statistics are 40-dimensional but the features are 16-dimensional", TRAIN_OUT),
-    Case("bad_override", "a mistyped --override value", lambda s: None, TRAIN + " --override optim_conf.lr=fast",
-         "{conf}: optim_conf.lr must be a number, got 'fast'", TRAIN_OUT),
+    Case(
+        "edited_config",
+        "score with a checkpoint whose stored model config was edited",
+        edited_checkpoint_config,
+        SCORE,
+        "{ckpt}: weights do not fit the model its config describes",
+        ["{out}/score.txt"],
+    ),
+    Case(
+        "mixed_shapes",
+        "average checkpoints of two different model shapes",
+        mixed_shapes,
+        AVERAGE,
+        "{model_dir}/epoch_002.pt: preprocessing.0.weight is torch.float32 (8, 16)",
+        ["{out}/avg.pt", "{out}/avg.yaml"],
+    ),
+    Case(
+        "truncated_avg",
+        "score with a truncated checkpoint",
+        truncate("avg.pt"),
+        SCORE,
+        "{ckpt}: not a readable checkpoint",
+        ["{out}/score.txt"],
+    ),
+    Case(
+        "truncated_epoch",
+        "average with a truncated epoch checkpoint",
+        truncate("model/epoch_001.pt"),
+        AVERAGE,
+        "{model_dir}/epoch_001.pt: not a readable checkpoint",
+        ["{out}/avg.pt", "{out}/avg.yaml"],
+    ),
+    Case(
+        "cmvn_dim",
+        "a global_cmvn with another feature dimension than the config",
+        lambda s: s["cmvn"].write_text(json.dumps({"mean_stat": [1.0] * 40, "var_stat": [2.0] * 40, "frame_num": 1})),
+        TRAIN,
+        "{cmvn}: statistics are 40-dimensional but the features are 16-dimensional",
+        TRAIN_OUT,
+    ),
+    Case(
+        "bad_override",
+        "a mistyped --override value",
+        lambda s: None,
+        TRAIN + " --override optim_conf.lr=fast",
+        "{conf}: optim_conf.lr must be a number, got 'fast'",
+        TRAIN_OUT,
+    ),
     # --- outputs that cannot be written (a path under a regular file: chmod does not stop root)
-    Case("unwritable_score", "score.txt under a regular file", regular_file_in_the_way,
-         SCORE.replace("{out}", "{blocked}"), "{blocked}: cannot create output folder", ["{blocked}"]),
-    Case("unwritable_det", "DET outputs under a regular file", regular_file_in_the_way,
-         DET.replace("{out}", "{blocked}"), "{blocked}: cannot create output folder", ["{blocked}"]),
-    Case("unwritable_model_dir", "a training model_dir under a regular file", regular_file_in_the_way,
-         TRAIN.replace("{out}", "{blocked}"), "{blocked}/model: cannot create output folder", ["{blocked}"]),
+    Case(
+        "unwritable_score",
+        "score.txt under a regular file",
+        regular_file_in_the_way,
+        SCORE.replace("{out}", "{blocked}"),
+        "{blocked}: cannot create output folder",
+        ["{blocked}"],
+    ),
+    Case(
+        "unwritable_det",
+        "DET outputs under a regular file",
+        regular_file_in_the_way,
+        DET.replace("{out}", "{blocked}"),
+        "{blocked}: cannot create output folder",
+        ["{blocked}"],
+    ),
+    Case(
+        "unwritable_model_dir",
+        "a training model_dir under a regular file",
+        regular_file_in_the_way,
+        TRAIN.replace("{out}", "{blocked}"),
+        "{blocked}/model: cannot create output folder",
+        ["{blocked}"],
+    ),
     # --- the workflow's config.yaml (snakemake -n)
-    Case("config_yaml_syntax", "config.yaml that is not YAML", workflow_config(lambda c: "train: {seed: 1\n"),
-         SNAKEMAKE_N, "config/config.yaml:2: malformed YAML", []),
-    Case("config_wrong_type", "a config value of the wrong type", workflow_config(set_key("train/seed", "six")),
-         SNAKEMAKE_N, "error: config: train.seed", []),
-    Case("config_missing_model", "an experiment whose model config does not exist",
-         workflow_config(set_key("experiments/tiny/model", "config/models/nope.yaml")), SNAKEMAKE_N,
-         "nope.yaml", []),
-    Case("config_unknown_override", "an override of a key the model config does not have",
-         workflow_config(set_key("experiments/tiny/overrides", {"model.hiden_dim": 8})), SNAKEMAKE_N,
-         "model.hiden_dim", []),
+    Case(
+        "config_yaml_syntax",
+        "config.yaml that is not YAML",
+        workflow_config(lambda c: "train: {seed: 1\n"),
+        SNAKEMAKE_N,
+        "config/config.yaml:2: malformed YAML",
+        [],
+    ),
+    Case(
+        "config_wrong_type",
+        "a config value of the wrong type",
+        workflow_config(set_key("train/seed", "six")),
+        SNAKEMAKE_N,
+        "error: config: train.seed",
+        [],
+    ),
+    Case(
+        "config_missing_model",
+        "an experiment whose model config does not exist",
+        workflow_config(set_key("experiments/tiny/model", "config/models/nope.yaml")),
+        SNAKEMAKE_N,
+        "nope.yaml",
+        [],
+    ),
+    Case(
+        "config_unknown_override",
+        "an override of a key the model config does not have",
+        workflow_config(set_key("experiments/tiny/overrides", {"model.hiden_dim": 8})),
+        SNAKEMAKE_N,
+        "model.hiden_dim",
+        [],
+    ),
 ]
 
 

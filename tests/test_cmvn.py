@@ -40,7 +40,7 @@ def test_matches_direct_computation(train_list, tmp_path):
     assert list(stats) == ["mean_stat", "var_stat", "frame_num"]
     assert stats["frame_num"] == feats.shape[0]
     np.testing.assert_allclose(stats["mean_stat"], feats.sum(0).numpy(), rtol=1e-9)
-    np.testing.assert_allclose(stats["var_stat"], (feats ** 2).sum(0).numpy(), rtol=1e-9)
+    np.testing.assert_allclose(stats["var_stat"], (feats**2).sum(0).numpy(), rtol=1e-9)
     mean, istd = load_cmvn(tmp_path / "global_cmvn")
     assert mean.dtype == istd.dtype == torch.float32 and mean.shape == istd.shape == (40,)
     np.testing.assert_allclose(mean.numpy(), feats.mean(0).numpy(), rtol=1e-5, atol=1e-5)
@@ -57,10 +57,12 @@ def test_deterministic_across_workers(train_list):
 
 
 def test_short_utterances_are_skipped(tmp_path, make_wav):
-    short = make_wav(tmp_path / "short.wav", seconds=0.01)    # 160 samples < one 400-sample window
+    short = make_wav(tmp_path / "short.wav", seconds=0.01)  # 160 samples < one 400-sample window
     long = make_wav(tmp_path / "long.wav", seconds=0.2)
-    items = [{"key": "s", "txt": -1, "duration": 0.01, "wav": str(short)},
-             {"key": "l", "txt": 0, "duration": 0.2, "wav": str(long)}]
+    items = [
+        {"key": "s", "txt": -1, "duration": 0.01, "wav": str(short)},
+        {"key": "l", "txt": 0, "duration": 0.2, "wav": str(long)},
+    ]
     stats = compute_cmvn(items, {})
     assert stats["frame_num"] == compute_fbank(read_wav(long), {}).shape[0]
     with pytest.raises(KwsError, match="no feature frames"):
@@ -71,20 +73,23 @@ def test_var_floor():
     stats = {"mean_stat": [2.0, 4.0], "var_stat": [4.0, 20.0], "frame_num": 2}
     mean, istd = cmvn_tensors(stats)
     assert mean.tolist() == [1.0, 2.0]
-    assert istd[0].item() == pytest.approx(1.0)          # var 2 - 1 = 1
+    assert istd[0].item() == pytest.approx(1.0)  # var 2 - 1 = 1
     assert istd[1].item() == pytest.approx(1 / np.sqrt(6.0))
-    _, istd = cmvn_tensors({"mean_stat": [3.0], "var_stat": [3.0], "frame_num": 3})   # var 0
+    _, istd = cmvn_tensors({"mean_stat": [3.0], "var_stat": [3.0], "frame_num": 3})  # var 0
     assert istd.item() == pytest.approx(1e10)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{", "malformed JSON"),
-    ("[]", "expected a JSON object"),
-    ('{"mean_stat": [1], "var_stat": [1]}', "missing field(s) frame_num"),
-    ('{"mean_stat": [1], "var_stat": [1, 2], "frame_num": 3}', "mean_stat has 1 values, var_stat 2"),
-    ('{"mean_stat": [1], "var_stat": [1], "frame_num": 0}', "frame_num must be a positive number"),
-    ('{"mean_stat": ["a"], "var_stat": [1], "frame_num": 1}', "mean_stat must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "malformed JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"mean_stat": [1], "var_stat": [1]}', "missing field(s) frame_num"),
+        ('{"mean_stat": [1], "var_stat": [1, 2], "frame_num": 3}', "mean_stat has 1 values, var_stat 2"),
+        ('{"mean_stat": [1], "var_stat": [1], "frame_num": 0}', "frame_num must be a positive number"),
+        ('{"mean_stat": ["a"], "var_stat": [1], "frame_num": 1}', "mean_stat must be a non-empty list"),
+    ],
+)
 def test_read_cmvn_errors(tmp_path, text, message):
     (tmp_path / "global_cmvn").write_text(text)
     with pytest.raises(KwsError, match="global_cmvn") as info:
@@ -108,8 +113,13 @@ def test_fuzz_read_cmvn(tmp_path, data):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "scripts/compute_cmvn.py", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "scripts/compute_cmvn.py", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 MODEL_YAML = """\
@@ -122,8 +132,16 @@ training_config: {max_epoch: 1}
 
 def test_cli(train_list, tmp_path):
     (tmp_path / "model.yaml").write_text(MODEL_YAML)
-    result = run_cli("--data-list", train_list, "--model-config", tmp_path / "model.yaml",
-                     "--override", "dataset_conf.fbank_conf.num_mel_bins=16", "--out", tmp_path / "a")
+    result = run_cli(
+        "--data-list",
+        train_list,
+        "--model-config",
+        tmp_path / "model.yaml",
+        "--override",
+        "dataset_conf.fbank_conf.num_mel_bins=16",
+        "--out",
+        tmp_path / "a",
+    )
     assert result.returncode == 0, result.stderr
     assert len(read_cmvn(tmp_path / "a")["mean_stat"]) == 16
     result = run_cli("--data-list", train_list, "--fbank-json", '{"num_mel_bins": 24}', "--out", tmp_path / "b")
@@ -147,17 +165,23 @@ def test_cli_errors(train_list, tmp_path):
     items = read_data_list(train_list)
     items[3]["wav"] = str(tmp_path / "gone.wav")
     write_data_list(tmp_path / "bad.list", items)
-    assert_cli_fails(run_cli("--data-list", tmp_path / "bad.list", "--out", out), out,
-                     f"bad.list: utterance '{items[3]['key']}': {tmp_path / 'gone.wav'}: audio file not found")
+    assert_cli_fails(
+        run_cli("--data-list", tmp_path / "bad.list", "--out", out),
+        out,
+        f"bad.list: utterance '{items[3]['key']}': {tmp_path / 'gone.wav'}: audio file not found",
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--fbank-json", "{num"], "--fbank-json: malformed JSON"),
-    (["--fbank-json", "[1]"], "--fbank-json: expected a JSON object"),
-    (["--model-config", "no.yaml"], "no.yaml: config file not found"),
-    (["--override", "a.b=1"], "--override: needs --model-config"),
-    (["--threads", "0"], "--threads: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--fbank-json", "{num"], "--fbank-json: malformed JSON"),
+        (["--fbank-json", "[1]"], "--fbank-json: expected a JSON object"),
+        (["--model-config", "no.yaml"], "no.yaml: config file not found"),
+        (["--override", "a.b=1"], "--override: needs --model-config"),
+        (["--threads", "0"], "--threads: must be at least 1"),
+    ],
+)
 def test_cli_argument_errors(train_list, tmp_path, capsys, monkeypatch, args, message):
     """Same CLI, called in-process (no interpreter start-up per case)."""
     sys.path.insert(0, str(REPO / "scripts"))

@@ -73,7 +73,7 @@ def test_batch_features_equal_per_utterance_features(train_list):
         for row, key in enumerate(keys):
             alone = compute_fbank(read_wav(by_key[key]["wav"]), cv["fbank_conf"], dither=0.0)
             assert int(lengths[row]) == alone.shape[0]
-            assert torch.allclose(feats[row, :alone.shape[0]], alone, atol=1e-4)
+            assert torch.allclose(feats[row, : alone.shape[0]], alone, atol=1e-4)
 
 
 def test_deterministic_and_epoch_dependent(train_list):
@@ -106,11 +106,11 @@ def test_sorting_batches_similar_lengths_in_random_order(train_list):
     assert real == unsorted_real and padded < unsorted_padded
     # within each buffer of 8 utterances (4 batches), every batch is a run of the buffer sorted by length
     for start in range(0, len(batches), 4):
-        group = batches[start:start + 4]
+        group = batches[start : start + 4]
         runs = sorted((sorted(b[2].tolist()) for b in group), key=lambda run: run[0])
         flat = [n for run in runs for n in run]
         assert flat == sorted(flat)
-    assert [b[0] for b in batches] == [b[0] for b in padded_and_real(sorting)[2]]   # deterministic
+    assert [b[0] for b in batches] == [b[0] for b in padded_and_real(sorting)[2]]  # deterministic
     assert [b[0] for b in batches] != [b[0] for b in padded_and_real(sorting, epoch=1)[2]]
     cv = cv_dataset_conf(sorting)
     assert cv["sort"] is False

@@ -14,9 +14,12 @@ from kws import trainer
 from kws.distributed import Dist
 from kws.loss import criterion
 
-MODEL = {"hidden_dim": 8, "preprocessing": {"type": "linear"},
-         "backbone": {"type": "gru", "num_layers": 1, "dropout": 0.0},
-         "classifier": {"type": "linear", "dropout": 0.0}}
+MODEL = {
+    "hidden_dim": 8,
+    "preprocessing": {"type": "linear"},
+    "backbone": {"type": "gru", "num_layers": 1, "dropout": 0.0},
+    "classifier": {"type": "linear", "dropout": 0.0},
+}
 INPUT_DIM, KEYWORDS = 6, 2
 CTX = multiprocessing.get_context("spawn")
 
@@ -25,8 +28,12 @@ def make_batch(seed, count, frames=20):
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(frames // 2, frames + 1, (count,), generator=generator)
     lengths[0] = frames
-    return ([f"u{seed}_{i}" for i in range(count)], torch.randn(count, frames, INPUT_DIM, generator=generator),
-            lengths, torch.tensor([(seed + i) % 3 - 1 for i in range(count)]))
+    return (
+        [f"u{seed}_{i}" for i in range(count)],
+        torch.randn(count, frames, INPUT_DIM, generator=generator),
+        lengths,
+        torch.tensor([(seed + i) % 3 - 1 for i in range(count)]),
+    )
 
 
 def union(a, b):
@@ -40,10 +47,18 @@ def make_state(world_size):
     model = build_model(MODEL, INPUT_DIM, KEYWORDS)
     wrapped = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     return trainer.TrainState(
-        model=wrapped, bare_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        criterion=criterion("max_pooling"), dist=Dist(world_size, torch.device("cpu"), "gloo"),
-        device=torch.device("cpu"), input_dim=INPUT_DIM, min_duration=3, grad_clip=1e9,
-        guard=trainer.NonFiniteGuard(5), rank=dist.get_rank() if world_size > 1 else 0)
+        model=wrapped,
+        bare_model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        criterion=criterion("max_pooling"),
+        dist=Dist(world_size, torch.device("cpu"), "gloo"),
+        device=torch.device("cpu"),
+        input_dim=INPUT_DIM,
+        min_duration=3,
+        grad_clip=1e9,
+        guard=trainer.NonFiniteGuard(5),
+        rank=dist.get_rank() if world_size > 1 else 0,
+    )
 
 
 def rank_main(rank, folder, batches, cv_batches):

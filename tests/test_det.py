@@ -48,13 +48,17 @@ def test_vectorised_count_matches_loop(seed):
     thr = thresholds_for(0.01)
     for _ in range(40):
         window = int(rng.integers(1, 40))
-        utts = [np.round(rng.random(int(rng.integers(1, 300))) ** rng.uniform(0.2, 5), 2)
-                for _ in range(int(rng.integers(1, 6)))]
+        utts = [
+            np.round(rng.random(int(rng.integers(1, 300))) ** rng.uniform(0.2, 5), 2)
+            for _ in range(int(rng.integers(1, 6)))
+        ]
         expected = np.array([sum(naive_false_alarms(u, t, window) for u in utts) for t in thr])
-        assert np.array_equal(count_false_alarms_many(utts, thr, window, chunk_frames=int(rng.integers(1, 500))),
-                              expected)
-        assert np.array_equal(count_false_alarms(utts[0], thr, window),
-                              [naive_false_alarms(utts[0], t, window) for t in thr])
+        assert np.array_equal(
+            count_false_alarms_many(utts, thr, window, chunk_frames=int(rng.integers(1, 500))), expected
+        )
+        assert np.array_equal(
+            count_false_alarms(utts[0], thr, window), [naive_false_alarms(utts[0], t, window) for t in thr]
+        )
 
 
 def test_long_stream_crosses_chunks():
@@ -95,16 +99,24 @@ def _row(stats, threshold):
 def test_hand_computed_case(tmp_path):
     _write_case(tmp_path)
     out = tmp_path / "det"
-    metrics = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", out,
-                          step=0.01, window_shift=3, fa_targets=[0.5, 1, 2, 5], experiment="toy")
+    metrics = compute_det(
+        tmp_path / "score.txt",
+        tmp_path / "data.list",
+        tmp_path / "words.txt",
+        out,
+        step=0.01,
+        window_shift=3,
+        fa_targets=[0.5, 1, 2, 5],
+        experiment="toy",
+    )
     hi = read_stats(out / "det" / "stats.hi_there.txt")
     assert len(hi["threshold"]) == 100
     # <HI_THERE>: fillers f1 + f2 = 0.75 h.
-    assert _row(hi, 0.0) == pytest.approx((4.0, 0.0))       # f1: 2, f2: 1 -> 3 / 0.75
+    assert _row(hi, 0.0) == pytest.approx((4.0, 0.0))  # f1: 2, f2: 1 -> 3 / 0.75
     assert _row(hi, 0.4) == pytest.approx((4.0, 0.0))
-    assert _row(hi, 0.5) == pytest.approx((4.0, 0.5))       # p2 (max 0.4) rejected
+    assert _row(hi, 0.5) == pytest.approx((4.0, 0.5))  # p2 (max 0.4) rejected
     assert _row(hi, 0.61) == pytest.approx((1.333333, 0.5))  # only f2's 0.9
-    assert _row(hi, 0.7) == pytest.approx((1.333333, 0.5))   # 0.7 >= 0.7: p1 accepted
+    assert _row(hi, 0.7) == pytest.approx((1.333333, 0.5))  # 0.7 >= 0.7: p1 accepted
     assert _row(hi, 0.71) == pytest.approx((1.333333, 1.0))
     assert _row(hi, 0.91) == pytest.approx((1.333e-6, 1.0), abs=1e-6)
     # stats line format: WeKws's 6 decimals.
@@ -140,13 +152,21 @@ def test_hand_computed_case(tmp_path):
     assert [points[t]["resolved"] for t in (0.5, 1, 2, 5)] == [False, False, False, True]
     # false alarms by kind: f1 (near_miss, 0.25 h) and f2 (<YO>'s positive, 0.5 h); at 0.65 only f2 fires
     by_kind = points[2.0]["fa_per_hour_by_kind"]
-    assert by_kind == {"near_miss": {"false_alarms": 0, "hours": 0.25, "fa_per_hour": 0.0},
-                       "other_keyword": {"false_alarms": 1, "hours": 0.5, "fa_per_hour": 2.0}}
+    assert by_kind == {
+        "near_miss": {"false_alarms": 0, "hours": 0.25, "fa_per_hour": 0.0},
+        "other_keyword": {"false_alarms": 1, "hours": 0.5, "fa_per_hour": 2.0},
+    }
     assert points[5.0]["fa_per_hour_by_kind"]["near_miss"]["false_alarms"] == 2  # t=0.20: f1 fires twice
     assert sum(e["false_alarms"] for e in points[5.0]["fa_per_hour_by_kind"].values()) == points[5.0]["false_alarms"]
     assert [m["key"] for m in hi_m["worst_misses"]] == ["p2", "p1"]
-    assert hi_m["top_false_alarms"][0] == {"key": "f2", "kind": "other_keyword", "engine": "", "voice": "",
-                                           "max_score": 0.9, "duration": 1800.0}
+    assert hi_m["top_false_alarms"][0] == {
+        "key": "f2",
+        "kind": "other_keyword",
+        "engine": "",
+        "voice": "",
+        "max_score": 0.9,
+        "duration": 1800.0,
+    }
     assert hi_m["top_false_alarms"][1]["kind"] == "near_miss" and hi_m["top_false_alarms"][1]["voice"] == "v1"
 
     on_disk = json.loads((out / "metrics.json").read_text())
@@ -155,8 +175,12 @@ def test_hand_computed_case(tmp_path):
     assert tsv[0].split("\t")[:4] == ["experiment", "keyword", "fa_per_hour_target", "frr"]
     assert len(tsv) == 1 + 2 * 4
     row = dict(zip(tsv[0].split("\t"), tsv[3].split("\t")))
-    assert [row[k] for k in ("fa_per_hour_target", "false_rejects", "false_alarms", "resolved")] == \
-        ["2", "1", "1", "false"]
+    assert [row[k] for k in ("fa_per_hour_target", "false_rejects", "false_alarms", "resolved")] == [
+        "2",
+        "1",
+        "1",
+        "false",
+    ]
     md = (out / "metrics.md").read_text()
     assert "| <HI_THERE> | 2 FA/h | 50.00 % (1.3-98.7) \u2020 | 1 / 2 | 0.65 |" in md
     assert "1.33 (0.03-7.43) [1 in 0.75 h]" in md and "not resolved" in md
@@ -173,6 +197,7 @@ def test_intervals_match_published_values():
     assert poisson_interval(10) == pytest.approx((4.79539, 18.39036), abs=1e-5)
     # the issue's arithmetic: zero false alarms in 3 h bound the rate below 1 FA/h (one-sided 95 %)
     from kws.intervals import ZERO_EVENTS_UPPER
+
     assert ZERO_EVENTS_UPPER / 3.0 < 1.0 < ZERO_EVENTS_UPPER / 1.01
 
 
@@ -211,10 +236,17 @@ def test_missing_scores_is_an_error(tmp_path):
 
 def test_compare_metrics(tmp_path):
     _write_case(tmp_path)
-    a = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "a",
-                    window_shift=3)
-    b = compute_det(tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "b",
-                    window_shift=3, fa_targets=[1, 5])
+    a = compute_det(
+        tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "a", window_shift=3
+    )
+    b = compute_det(
+        tmp_path / "score.txt",
+        tmp_path / "data.list",
+        tmp_path / "words.txt",
+        tmp_path / "b",
+        window_shift=3,
+        fa_targets=[1, 5],
+    )
     md, tsv = compare_metrics([("exp_a", tmp_path / "a" / "metrics.json"), ("exp_b", b)])
     assert "| <HI_THERE> | exp_a |" in md and "| <YO> | exp_b |" in md
     assert "FRR @ 5 FA/h" in md and " - |" in md  # exp_a was not evaluated at 5 FA/h
@@ -234,16 +266,45 @@ def test_compare_metrics(tmp_path):
 
 def test_cli(tmp_path):
     _write_case(tmp_path)
-    run = [sys.executable, str(ROOT / "scripts" / "compute_det.py"), "--score", str(tmp_path / "score.txt"),
-           "--test-data", str(tmp_path / "data.list"), "--dict", str(tmp_path / "words.txt"),
-           "--window-shift", "3", "--out-dir", str(tmp_path / "cli"), "--fa-targets", "1", "2"]
+    run = [
+        sys.executable,
+        str(ROOT / "scripts" / "compute_det.py"),
+        "--score",
+        str(tmp_path / "score.txt"),
+        "--test-data",
+        str(tmp_path / "data.list"),
+        "--dict",
+        str(tmp_path / "words.txt"),
+        "--window-shift",
+        "3",
+        "--out-dir",
+        str(tmp_path / "cli"),
+        "--fa-targets",
+        "1",
+        "2",
+    ]
     proc = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "cli" / "metrics.md").exists() and (tmp_path / "cli" / "det" / "stats.yo.txt").exists()
-    compare = [sys.executable, str(ROOT / "scripts" / "compare_experiments.py"), "--metrics",
-               str(tmp_path / "cli" / "metrics.json"), str(tmp_path / "cli" / "metrics.json"),
-               "--names", "x", "y", "--experiments", "e", "e", "--out-md", str(tmp_path / "cmp.md"),
-               "--out-tsv", str(tmp_path / "cmp.tsv"), "--out-plot", str(tmp_path / "cmp.png")]
+    compare = [
+        sys.executable,
+        str(ROOT / "scripts" / "compare_experiments.py"),
+        "--metrics",
+        str(tmp_path / "cli" / "metrics.json"),
+        str(tmp_path / "cli" / "metrics.json"),
+        "--names",
+        "x",
+        "y",
+        "--experiments",
+        "e",
+        "e",
+        "--out-md",
+        str(tmp_path / "cmp.md"),
+        "--out-tsv",
+        str(tmp_path / "cmp.tsv"),
+        "--out-plot",
+        str(tmp_path / "cmp.png"),
+    ]
     proc = subprocess.run(compare, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "median [min-max] of 2" in (tmp_path / "cmp.md").read_text() and (tmp_path / "cmp.png").stat().st_size

@@ -39,9 +39,9 @@ def recording(seed=0):
     x = 0.01 * np.random.default_rng(seed).standard_normal(int(SECONDS * RATE))
     for start, end in KW0_BURSTS:
         i, y = tone(500.0, start, end)
-        x[i:i + y.size] += y
+        x[i : i + y.size] += y
     i, y = tone(1200.0, *KW1_BURST)
-    x[i:i + y.size] += y
+    x[i : i + y.size] += y
     return x.astype(np.float32)
 
 
@@ -108,14 +108,15 @@ def tone_export(tmp_path_factory):
 
 # --------------------------------------------------------------------------- streaming fbank
 
+
 def test_streaming_fbank_equals_whole():
     x = (0.2 * np.random.default_rng(1).standard_normal(RATE * 2 + 123)).astype(np.float32)
     whole = compute_fbank(x, FBANK, dither=0.0)
     for chunk in (1, 159, 160, 401, 1600, 7777, x.size):
         stream = StreamingFbank(FBANK)
-        parts = [stream.accept(x[i:i + chunk]) for i in range(0, x.size, chunk)] if chunk > 1 else None
+        parts = [stream.accept(x[i : i + chunk]) for i in range(0, x.size, chunk)] if chunk > 1 else None
         if chunk == 1:  # one sample at a time for the first 1000 samples, then the rest at once
-            parts = [stream.accept(x[i:i + 1]) for i in range(1000)] + [stream.accept(x[1000:])]
+            parts = [stream.accept(x[i : i + 1]) for i in range(1000)] + [stream.accept(x[1000:])]
         got = torch.cat(parts)
         assert got.shape == whole.shape, chunk
         assert torch.allclose(got, whole, atol=1e-4, rtol=0), (chunk, (got - whole).abs().max())
@@ -128,6 +129,7 @@ def test_frame_count_depends_only_on_samples():
 
 # --------------------------------------------------------------------------- detector == offline
 
+
 @pytest.mark.parametrize("suffix", ["pt", "onnx"])
 def test_chunked_detector_equals_offline(tone_export, suffix):
     root, model, wav = tone_export
@@ -139,7 +141,7 @@ def test_chunked_detector_equals_offline(tone_export, suffix):
         detector = Detector(runner, keep_posteriors=True)
         dets = []
         for i in range(0, audio.size, chunk):
-            dets += detector.accept(audio[i:i + chunk])
+            dets += detector.accept(audio[i : i + chunk])
         got = detector.posteriors()
         assert got.shape == offline.shape
         assert np.abs(got - offline).max() <= 1e-5, chunk
@@ -176,11 +178,12 @@ def test_random_model_streaming_equals_offline(tmp_path):
     for suffix in ("pt", "onnx"):
         detector = Detector(load_exported(tmp_path / f"model.{suffix}"), keep_posteriors=True)
         for i in range(0, audio.size, 1234):
-            detector.accept(audio[i:i + 1234])
+            detector.accept(audio[i : i + 1234])
         assert np.abs(detector.posteriors() - offline).max() <= 1e-5
 
 
 # --------------------------------------------------------------------------- CLI
+
 
 def run_cli(capsys, *argv):
     assert main([str(a) for a in argv]) == 0
@@ -238,8 +241,12 @@ def test_cli_subprocess_stdin(tone_export):
     """`python -m kws.detect MODEL -` reading a real pipe."""
     root, _, wav = tone_export
     pcm = soundfile.read(str(wav), dtype="int16")[0].astype("<i2").tobytes()
-    proc = subprocess.run([sys.executable, "-m", "kws.detect", str(root / "export" / "model.onnx"), "-"],
-                          input=pcm, capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kws.detect", str(root / "export" / "model.onnx"), "-"],
+        input=pcm,
+        capture_output=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     lines = proc.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("<HI_XIAOWEN> 1.0")

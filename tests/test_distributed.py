@@ -24,8 +24,16 @@ CTX.set_forkserver_preload(["torch", "torch.distributed", "kws.distributed"])
 
 def worker(rank, world_size, port, mode, timeout, results):
     """One rank: init, (maybe hang), barrier, weighted mean; reports (rank, status, lines, elapsed)."""
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CUDA_VISIBLE_DEVICES": ""})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+    )
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     from kws import distributed as D
 
@@ -59,8 +67,9 @@ def run_ranks(ranks, world_size, mode="ok", timeout=TIMEOUT, wanted=None, limit=
     whatever is left. Returns {rank: (status, lines, elapsed)}."""
     results = CTX.Queue()
     port = free_port()
-    procs = [CTX.Process(target=worker, args=(rank, world_size, port, mode, timeout, results), daemon=True)
-             for rank in ranks]
+    procs = [
+        CTX.Process(target=worker, args=(rank, world_size, port, mode, timeout, results), daemon=True) for rank in ranks
+    ]
     for proc in procs:
         proc.start()
     wanted = list(ranks) if wanted is None else wanted

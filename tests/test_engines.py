@@ -87,8 +87,11 @@ def test_other_languages_get_fillers_in_their_own_language():
 
 def test_a_missing_engine_names_its_package(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(KwsError, match=r"^corpus.engines: engine flite is not installed \(Debian: apt-get install "
-                                       r"flite\)$"):
+    with pytest.raises(
+        KwsError,
+        match=r"^corpus.engines: engine flite is not installed \(Debian: apt-get install "
+        r"flite\)$",
+    ):
         engines.check_engine("flite")
     with pytest.raises(KwsError, match="apt-get install festival festvox-kallpc16k"):
         CorpusSpec(engines=["espeak", "festival"])
@@ -129,10 +132,12 @@ def test_speaker_transforms_change_what_they_should_only():
     slow = aug.time_stretch(tone, RATE, 1.25)
     assert len(slow) == int(1.25 * RATE) and abs(_f0(slow[2000:-2000]) - 200) < 3  # tempo without pitch
     # formant warping moves the envelope, not the harmonics: energy shifts up, the 200 Hz peak stays
-    harmonics = sum(np.sin(2 * np.pi * 200 * k * t) * np.exp(-((200 * k - 800) / 300) ** 2) for k in range(1, 20))
+    harmonics = sum(np.sin(2 * np.pi * 200 * k * t) * np.exp(-(((200 * k - 800) / 300) ** 2)) for k in range(1, 20))
     warped = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, formant=1.3)
-    centroid = [np.sum(np.fft.rfftfreq(RATE, 1 / RATE) * np.abs(np.fft.rfft(y))) / np.sum(np.abs(np.fft.rfft(y)))
-                for y in (harmonics, warped)]
+    centroid = [
+        np.sum(np.fft.rfftfreq(RATE, 1 / RATE) * np.abs(np.fft.rfft(y))) / np.sum(np.abs(np.fft.rfft(y)))
+        for y in (harmonics, warped)
+    ]
     peak = _f0(warped[2000:-2000])
     assert centroid[1] > centroid[0] * 1.15 and peak > 900 and min(peak % 200, 200 - peak % 200) < 3
     words = np.concatenate([tone[:4000], np.zeros(3200, np.float32), tone[:4000]])
@@ -150,10 +155,13 @@ def english(tmp_path_factory):
     for engine in ("festival", "flite"):
         _need(engine)
     root = tmp_path_factory.mktemp("english")
-    spec = CorpusSpec(**ENGLISH, engines=["espeak", "festival"], heldout_engine="flite",
-                      speaker_augment=list(aug.SPEAKER_TRANSFORMS))
-    runs = {name: synthesize_corpus(root / name, size="tiny", seed=5, threads=threads, log=_quiet, spec=spec)
-            for name, threads in (("a", 2), ("b", 1))}
+    spec = CorpusSpec(
+        **ENGLISH, engines=["espeak", "festival"], heldout_engine="flite", speaker_augment=list(aug.SPEAKER_TRANSFORMS)
+    )
+    runs = {
+        name: synthesize_corpus(root / name, size="tiny", seed=5, threads=threads, log=_quiet, spec=spec)
+        for name, threads in (("a", 2), ("b", 1))
+    }
     return root, spec, runs
 
 
@@ -186,8 +194,11 @@ def test_english_corpus_records_engines_and_keeps_speakers_apart(english):
 
 def test_english_corpus_reruns_byte_identical(english):
     root, _, _ = english
-    files = {p.relative_to(root / "a").as_posix(): p.read_bytes()
-             for p in sorted((root / "a").rglob("*")) if p.is_file() and p.name not in ("wav.scp", "synth_info.json")}
+    files = {
+        p.relative_to(root / "a").as_posix(): p.read_bytes()
+        for p in sorted((root / "a").rglob("*"))
+        if p.is_file() and p.name not in ("wav.scp", "synth_info.json")
+    }
     again = {name: (root / "b" / name).read_bytes() for name in files}
     assert len(files) > 40 and files == again
 
@@ -225,9 +236,25 @@ def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
         if shutil.which(tool):
             (tools / tool).symlink_to(shutil.which(tool))
     env = {"PATH": f"{Path(sys.executable).parent}:{tools}", "HOME": str(tmp_path)}
-    bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile",
-                          str(root / "workflow" / "Snakefile"), "--directory", str(root), "--configfile",
-                          str(REPO / "config" / "hey_kws.yaml")], capture_output=True, text=True, env=env,
-                         timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--cores",
+            "1",
+            "--snakefile",
+            str(root / "workflow" / "Snakefile"),
+            "--directory",
+            str(root),
+            "--configfile",
+            str(REPO / "config" / "hey_kws.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode != 0
     assert "error: corpus.engines: engine festival is not installed (Debian: apt-get install festival" in bad.stderr

@@ -30,8 +30,11 @@ def random_model(config_name="tiny.yaml", seed=0, overrides=None):
     conf = load_model_config(ROOT / "config" / "models" / config_name, overrides)
     dim = int(conf["dataset_conf"]["fbank_conf"]["num_mel_bins"])
     gen = torch.Generator().manual_seed(seed)
-    cmvn = {"mean_stat": (torch.rand(dim, generator=gen) * 1000).tolist(),
-            "var_stat": (torch.rand(dim, generator=gen) * 1000 + 20000).tolist(), "frame_num": 100}
+    cmvn = {
+        "mean_stat": (torch.rand(dim, generator=gen) * 1000).tolist(),
+        "var_stat": (torch.rand(dim, generator=gen) * 1000 + 20000).tolist(),
+        "frame_num": 100,
+    }
     model = build_model(conf["model"], dim, 2, cmvn)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
@@ -47,8 +50,10 @@ def make_checkpoint(root, seed=0):
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     model, conf = random_model(seed=seed)
-    torch.save({"model": model.state_dict(), "config": conf, "num_keywords": 2, "input_dim": 40, "epoch": "avg"},
-               root / "avg.pt")
+    torch.save(
+        {"model": model.state_dict(), "config": conf, "num_keywords": 2, "input_dim": 40, "epoch": "avg"},
+        root / "avg.pt",
+    )
     (root / "words.txt").write_text("<FILLER> -1\n<HI_XIAOWEN> 0\n<NIHAO_WENWEN> 1\n")
     rng = np.random.default_rng(seed)
     lines = []
@@ -56,16 +61,29 @@ def make_checkpoint(root, seed=0):
         n = 6000 + 2500 * i
         x = 0.05 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * (300 + 200 * i) * np.arange(n) / 16000)
         soundfile.write(str(root / f"u{i}.wav"), x.astype(np.float32), 16000, subtype="PCM_16")
-        lines.append(json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000,
-                                 "wav": str(root / f"u{i}.wav")}))
+        lines.append(
+            json.dumps({"key": f"u{i}", "txt": i % 3 - 1, "duration": n / 16000, "wav": str(root / f"u{i}.wav")})
+        )
     (root / "data.list").write_text("\n".join(lines) + "\n")
-    metrics = {"fa_targets": [0.5, 1.0], "keywords": {
-        "hi_xiaowen": {"token": "<HI_XIAOWEN>", "name": "hi_xiaowen", "operating_points": [
-            {"fa_per_hour_target": 0.5, "threshold": 0.81, "frr": 0.2, "fa_per_hour": 0.0},
-            {"fa_per_hour_target": 1.0, "threshold": 0.63, "frr": 0.1, "fa_per_hour": 0.9}]},
-        # no threshold reaches 1 FA/h (n/a in metrics.md): the export takes the default, and says so
-        "nihao_wenwen": {"token": "<NIHAO_WENWEN>", "name": "nihao_wenwen", "operating_points": [
-            {"fa_per_hour_target": 1.0, "threshold": None, "frr": None, "fa_per_hour": None}]}}}
+    metrics = {
+        "fa_targets": [0.5, 1.0],
+        "keywords": {
+            "hi_xiaowen": {
+                "token": "<HI_XIAOWEN>",
+                "name": "hi_xiaowen",
+                "operating_points": [
+                    {"fa_per_hour_target": 0.5, "threshold": 0.81, "frr": 0.2, "fa_per_hour": 0.0},
+                    {"fa_per_hour_target": 1.0, "threshold": 0.63, "frr": 0.1, "fa_per_hour": 0.9},
+                ],
+            },
+            # no threshold reaches 1 FA/h (n/a in metrics.md): the export takes the default, and says so
+            "nihao_wenwen": {
+                "token": "<NIHAO_WENWEN>",
+                "name": "nihao_wenwen",
+                "operating_points": [{"fa_per_hour_target": 1.0, "threshold": None, "frr": None, "fa_per_hour": None}],
+            },
+        },
+    }
     (root / "metrics.json").write_text(json.dumps(metrics))
     return root, model
 
@@ -79,9 +97,22 @@ def export_dir(tmp_path_factory):
     spec = importlib.util.spec_from_file_location("export_model_script", ROOT / "scripts" / "export_model.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--checkpoint", str(root / "avg.pt"), "--dict", str(root / "words.txt"),
-                 "--metrics", str(root / "metrics.json"), "--test-data", str(root / "data.list"),
-                 "--out-dir", str(root / "out"), "--num-utts", "3"])
+    script.main(
+        [
+            "--checkpoint",
+            str(root / "avg.pt"),
+            "--dict",
+            str(root / "words.txt"),
+            "--metrics",
+            str(root / "metrics.json"),
+            "--test-data",
+            str(root / "data.list"),
+            "--out-dir",
+            str(root / "out"),
+            "--num-utts",
+            "3",
+        ]
+    )
     return root, model
 
 
@@ -111,10 +142,27 @@ def test_exports_of_the_same_checkpoint_are_byte_identical(tmp_path):
 
     root, _ = make_checkpoint(tmp_path / "ckpt")
     for out in ("a", "b"):
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "export_model.py"), "--checkpoint", str(root / "avg.pt"),
-                        "--dict", str(root / "words.txt"), "--metrics", str(root / "metrics.json"),
-                        "--test-data", str(root / "data.list"), "--out-dir", str(tmp_path / out), "--num-utts", "3"],
-                       check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "export_model.py"),
+                "--checkpoint",
+                str(root / "avg.pt"),
+                "--dict",
+                str(root / "words.txt"),
+                "--metrics",
+                str(root / "metrics.json"),
+                "--test-data",
+                str(root / "data.list"),
+                "--out-dir",
+                str(tmp_path / out),
+                "--num-utts",
+                "3",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
     for name in ("model.pt", "model.onnx"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
@@ -162,13 +210,14 @@ def test_exports_match_pytorch_whole_and_chunked(export_dir, backend):
             with torch.no_grad():
                 p, c = module(x, torch.as_tensor(c))
             return p.numpy(), c
+
     whole, cache = step(feats, zero)
     assert np.abs(whole - ref).max() <= 1e-5
     assert np.abs(np.asarray(cache) - ref_cache).max() <= 1e-4
     for chunk in (1, 3, 16, 50):
         cache, parts = zero, []
         for start in range(0, feats.shape[1], chunk):
-            p, cache = step(feats[:, start:start + chunk], cache)
+            p, cache = step(feats[:, start : start + chunk], cache)
             parts.append(np.asarray(p))
         assert np.abs(np.concatenate(parts, axis=1) - ref).max() <= 1e-5, chunk
 
@@ -241,8 +290,18 @@ def test_keyword_count_mismatch_is_an_error(export_dir, tmp_path, capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     with pytest.raises(SystemExit) as info:
-        script.main(["--checkpoint", str(root / "avg.pt"), "--dict", str(tmp_path / "words.txt"),
-                     "--test-data", str(root / "data.list"), "--out-dir", str(tmp_path / "o")])
+        script.main(
+            [
+                "--checkpoint",
+                str(root / "avg.pt"),
+                "--dict",
+                str(tmp_path / "words.txt"),
+                "--test-data",
+                str(root / "data.list"),
+                "--out-dir",
+                str(tmp_path / "o"),
+            ]
+        )
     assert info.value.code == 1
     assert "1 keywords" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
@@ -255,11 +314,17 @@ def test_recommended_thresholds_come_from_the_metrics_or_fail(export_dir, tmp_pa
     assert result["<NIHAO_WENWEN>"][0] == 0.5 and "no threshold reaches 1 FA/h" in result["<NIHAO_WENWEN>"][1]
     metrics = json.loads((root / "metrics.json").read_text())
     # a malformed file was once read as "no entry" and exported 0.5 for every keyword, silently
-    for broken, message in [({"something": "else"}, "not a kwsflow metrics.json"),
-                            ({**metrics, "keywords": {"hi_xiaowen": metrics["keywords"]["hi_xiaowen"]}},
-                             "no entry for keyword <NIHAO_WENWEN>"),
-                            ({**metrics, "keywords": {**metrics["keywords"], "hi_xiaowen": {"token": "<HI_XIAOWEN>"}}},
-                             "without `token` and `operating_points`")]:
+    for broken, message in [
+        ({"something": "else"}, "not a kwsflow metrics.json"),
+        (
+            {**metrics, "keywords": {"hi_xiaowen": metrics["keywords"]["hi_xiaowen"]}},
+            "no entry for keyword <NIHAO_WENWEN>",
+        ),
+        (
+            {**metrics, "keywords": {**metrics["keywords"], "hi_xiaowen": {"token": "<HI_XIAOWEN>"}}},
+            "without `token` and `operating_points`",
+        ),
+    ]:
         (tmp_path / "metrics.json").write_text(json.dumps(broken))
         with pytest.raises(KwsError, match=message):
             recommended_thresholds(tmp_path / "metrics.json", KEYWORDS)
@@ -292,9 +357,23 @@ def _score(root, out):
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "score.py"), "--checkpoint", str(root / "avg.pt"),
-                    "--test-data", str(root / "data.list"), "--dict", str(root / "words.txt"), "--out", str(out)],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "score.py"),
+            "--checkpoint",
+            str(root / "avg.pt"),
+            "--test-data",
+            str(root / "data.list"),
+            "--dict",
+            str(root / "words.txt"),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     return out
 
 
@@ -306,15 +385,33 @@ def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
     # thresholds at which some frames fire: the 40th percentile of each keyword's posteriors
     from kws.datalist import read_dictionary
     from kws.det import read_scores
+
     table = read_scores(score, read_dictionary(root / "words.txt"))
     points = {token: round(float(np.percentile(np.concatenate(list(v.values())), 40)), 2) for token, v in table.items()}
-    metrics = {"fa_targets": [1.0], "keywords": {
-        token.strip("<>").lower(): {"token": token, "operating_points": [{"fa_per_hour_target": 1.0, "threshold": t}]}
-        for token, t in points.items()}}
+    metrics = {
+        "fa_targets": [1.0],
+        "keywords": {
+            token.strip("<>").lower(): {
+                "token": token,
+                "operating_points": [{"fa_per_hour_target": 1.0, "threshold": t}],
+            }
+            for token, t in points.items()
+        },
+    }
     (root / "metrics.json").write_text(json.dumps(metrics))
-    report = export_model(root / "avg.pt", root / "words.txt", tmp_path / "out", root / "data.list",
-                          metrics=root / "metrics.json", num_utts=2, score=score, refractory=0.05, window_shift=3,
-                          chunk_ms=30, workers=2)
+    report = export_model(
+        root / "avg.pt",
+        root / "words.txt",
+        tmp_path / "out",
+        root / "data.list",
+        metrics=root / "metrics.json",
+        num_utts=2,
+        score=score,
+        refractory=0.05,
+        window_shift=3,
+        chunk_ms=30,
+        workers=2,
+    )
     deployed = json.loads((tmp_path / "out" / "export.json").read_text())["deployed"]
     assert deployed == json.loads(json.dumps(report["deployed"]))
     assert deployed["utterances"] == 4 and deployed["refractory_frames"] == 5
@@ -335,10 +432,20 @@ def test_a_detector_that_disagrees_with_offline_scoring_fails_the_export(tmp_pat
     root, _ = make_checkpoint(tmp_path / "ckpt", seed=3)
     score = _score(root, tmp_path / "score.txt")
     # offline posteriors that are not the model's: every frame certain
-    lines = [" ".join(line.split()[:2] + ["1.000000"] * (len(line.split()) - 2))
-             for line in score.read_text().splitlines()]
+    lines = [
+        " ".join(line.split()[:2] + ["1.000000"] * (len(line.split()) - 2)) for line in score.read_text().splitlines()
+    ]
     score.write_text("\n".join(lines) + "\n")
     with pytest.raises(KwsError, match="deployed detector disagrees with offline scoring"):
-        export_model(root / "avg.pt", root / "words.txt", tmp_path / "out", root / "data.list",
-                     metrics=root / "metrics.json", num_utts=2, score=score, refractory=0.05, chunk_ms=30)
+        export_model(
+            root / "avg.pt",
+            root / "words.txt",
+            tmp_path / "out",
+            root / "data.list",
+            metrics=root / "metrics.json",
+            num_utts=2,
+            score=score,
+            refractory=0.05,
+            chunk_ms=30,
+        )
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

@@ -7,15 +7,23 @@ import torchaudio.compliance.kaldi as kaldi
 
 from kws.features import batch_fbank, compute_fbank, num_frames
 
-CONFS = [{"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10},
-         {"num_mel_bins": 80, "frame_length": 32, "frame_shift": 12},
-         {"num_mel_bins": 23, "frame_length": 20, "frame_shift": 10}]
+CONFS = [
+    {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10},
+    {"num_mel_bins": 80, "frame_length": 32, "frame_shift": 12},
+    {"num_mel_bins": 23, "frame_length": 20, "frame_shift": 10},
+]
 
 
 def kaldi_fbank(samples, conf):
-    return kaldi.fbank(samples.reshape(1, -1) * 32768, num_mel_bins=conf["num_mel_bins"],
-                       frame_length=conf["frame_length"], frame_shift=conf["frame_shift"], dither=0.0,
-                       energy_floor=0.0, sample_frequency=16000)
+    return kaldi.fbank(
+        samples.reshape(1, -1) * 32768,
+        num_mel_bins=conf["num_mel_bins"],
+        frame_length=conf["frame_length"],
+        frame_shift=conf["frame_shift"],
+        dither=0.0,
+        energy_floor=0.0,
+        sample_frequency=16000,
+    )
 
 
 @pytest.mark.parametrize("conf", CONFS, ids=lambda c: f"{c['num_mel_bins']}bins")
@@ -41,7 +49,7 @@ def test_a_padded_batch_gives_each_utterance_its_kaldi_fbank(conf):
 
 def test_dither_is_seeded_and_small():
     conf = CONFS[0]
-    samples = (torch.rand(2, 8000, generator=torch.Generator().manual_seed(1)) - 0.5)
+    samples = torch.rand(2, 8000, generator=torch.Generator().manual_seed(1)) - 0.5
     plain, _ = batch_fbank(samples, [8000, 8000], conf)
     a, _ = batch_fbank(samples, [8000, 8000], conf, dither=1.0, generator=torch.Generator().manual_seed(3))
     b, _ = batch_fbank(samples, [8000, 8000], conf, dither=1.0, generator=torch.Generator().manual_seed(3))

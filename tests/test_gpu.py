@@ -19,11 +19,33 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 def holder(lock_dir, count, visible, seconds=60, out=None):
     """`python -m kws.gpu` holding `count` of `visible` while a child sleeps; prints CUDA_VISIBLE_DEVICES."""
-    child = ("import os, sys, time; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ['KWS_FREE_PORT'], "
-             f"flush=True); time.sleep({seconds})")
-    return subprocess.Popen([sys.executable, "-m", "kws.gpu", "--gpus", str(count), "--visible", visible,
-                             "--lock-dir", str(lock_dir), "--poll", "0.05", "--", sys.executable, "-c", child],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = (
+        "import os, sys, time; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ['KWS_FREE_PORT'], "
+        f"flush=True); time.sleep({seconds})"
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kws.gpu",
+            "--gpus",
+            str(count),
+            "--visible",
+            visible,
+            "--lock-dir",
+            str(lock_dir),
+            "--poll",
+            "0.05",
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_concurrent_allocations_are_disjoint(tmp_path):
@@ -74,8 +96,12 @@ def test_waits_until_free_or_times_out(tmp_path):
 def test_more_than_visible_is_an_error(tmp_path):
     with pytest.raises(KwsError, match="asked for 3 GPU.*only 2 visible"):
         gpu.acquire(3, visible="0,1", lock_dir=tmp_path)
-    result = subprocess.run([sys.executable, "-m", "kws.gpu", "--gpus", "3", "--visible", "0,1", "--lock-dir",
-                             str(tmp_path), "--", "true"], env=ENV, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "kws.gpu", "--gpus", "3", "--visible", "0,1", "--lock-dir", str(tmp_path), "--", "true"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and result.stderr.startswith("error: asked for 3 GPU")
 
 
@@ -90,13 +116,31 @@ def test_visible_set_sources(monkeypatch):
 
 
 def test_wrapper_exit_status_port_placeholder_and_no_gpus(tmp_path):
-    code = ("import os, sys; print(sys.argv[1], os.environ['KWS_FREE_PORT'], os.environ.get('CUDA_VISIBLE_DEVICES'));"
-            " sys.exit(3)")
+    code = (
+        "import os, sys; print(sys.argv[1], os.environ['KWS_FREE_PORT'], os.environ.get('CUDA_VISIBLE_DEVICES'));"
+        " sys.exit(3)"
+    )
     env = dict(ENV)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    result = subprocess.run([sys.executable, "-m", "kws.gpu", "--gpus", "0", "--lock-dir", str(tmp_path), "--",
-                             sys.executable, "-c", code, "--master_port={free_port}"],
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kws.gpu",
+            "--gpus",
+            "0",
+            "--lock-dir",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            code,
+            "--master_port={free_port}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 3
     arg, port, devices = result.stdout.split()
     assert arg == f"--master_port={port}" and devices == "None"

@@ -35,7 +35,7 @@ def test_multinode_training_is_launched_inside_the_slurm_job():
 def test_multinode_job_starts_one_torchrun_per_node_with_c10d_on_the_first():
     job = {"nodes": ["n07", "n08"], "cpus": 32}
     words = launch_multinode(2, 4, 4, ["scripts/train.py", "--x"], environ={"SLURM_JOB_ID": "77"}, job=job)
-    srun, torchrun = words[: words.index("torchrun")], words[words.index("torchrun"):]
+    srun, torchrun = words[: words.index("torchrun")], words[words.index("torchrun") :]
     assert srun[:7] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1"]
     assert "--cpus-per-task" in srun and srun[srun.index("--cpus-per-task") + 1] == "16"  # the job's CPUs per node
     assert "--gres=gpu:4" in srun  # every node's GPUs, in the step itself
@@ -54,21 +54,38 @@ def test_multinode_job_with_fewer_nodes_stops_naming_both_numbers():
 
 
 def test_multinode_training_outside_slurm_stops_with_what_to_do():
-    result = subprocess.run([sys.executable, "-m", "kws.launch", "--nodes", "2", "--nproc_per_node", "2", "--",
-                             "scripts/train.py"], capture_output=True, text=True,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    result = subprocess.run(
+        [sys.executable, "-m", "kws.launch", "--nodes", "2", "--nproc_per_node", "2", "--", "scripts/train.py"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("error: a training on 2 nodes runs as a SLURM job")
     assert "--workflow-profile workflow/profiles/slurm" in result.stderr
 
 
 def test_slurm_job_shapes():
-    assert slurm_resources(gpus=2, nodes=1) == {"gpu": 2, "nodes": 1, "mpi": None, "tasks": None,
-                                                "tasks_per_gpu": None, "gres": None, "slurm_extra": None}
+    assert slurm_resources(gpus=2, nodes=1) == {
+        "gpu": 2,
+        "nodes": 1,
+        "mpi": None,
+        "tasks": None,
+        "tasks_per_gpu": None,
+        "gres": None,
+        "slurm_extra": None,
+    }
     multi = slurm_resources(gpus=4, nodes=2)
     # Run the rule in the batch step (mpi), one task per node, GPUs counted per node.
-    assert multi == {"gpu": None, "nodes": 2, "mpi": "srun", "tasks": 2, "tasks_per_gpu": 0, "gres": "gpu:4",
-                     "slurm_extra": "--ntasks-per-node=1"}
+    assert multi == {
+        "gpu": None,
+        "nodes": 2,
+        "mpi": "srun",
+        "tasks": 2,
+        "tasks_per_gpu": 0,
+        "gres": "gpu:4",
+        "slurm_extra": "--ntasks-per-node=1",
+    }
     assert slurm_resources(gpus=0, nodes=2)["gres"] is None
 
 

@@ -23,7 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 def run_make_list(data_dir, dict_path, *extra):
     return subprocess.run(
         [sys.executable, "scripts/make_list.py", "--data-dir", str(data_dir), "--dict", str(dict_path), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def assert_one_line_error(result, *fragments):
@@ -61,8 +65,16 @@ def test_make_list(tiny_corpus):
 
 
 def test_make_list_cli_outputs(tiny_corpus, tmp_path):
-    result = run_make_list(tiny_corpus / "dev", tiny_corpus / "dict" / "words.txt", "--threads", "3",
-                           "--wav-dur", tmp_path / "o" / "dur", "--data-list", tmp_path / "o" / "list")
+    result = run_make_list(
+        tiny_corpus / "dev",
+        tiny_corpus / "dict" / "words.txt",
+        "--threads",
+        "3",
+        "--wav-dur",
+        tmp_path / "o" / "dur",
+        "--data-list",
+        tmp_path / "o" / "list",
+    )
     assert result.returncode == 0, result.stderr
     assert "3 utterances" in result.stdout
     assert len(read_data_list(tmp_path / "o" / "list")) == 3
@@ -128,15 +140,23 @@ def test_bad_wav(tiny_corpus, make_wav, case):
 
 TABLE_CASES = {
     "duplicate_key": ("wav.scp", lambda s: s + s.splitlines()[1] + "\n", "wav.scp:7: duplicate key 'train_c0_01'"),
-    "label_not_in_dict": ("text", lambda s: s.replace("train_c2_00 <NIHAO_WENWEN>", "train_c2_00 <HELLO>"),
-                          "text:5: label '<HELLO>' of 'train_c2_00' is not in"),
-    "text_key_missing_in_scp": ("text", lambda s: s + "ghost <FILLER>\n",
-                                "text:7: utterance 'ghost' has no entry in"),
-    "scp_key_missing_in_text": ("text", lambda s: "\n".join(s.splitlines()[1:]) + "\n",
-                                "wav.scp:1: utterance 'train_c0_00' has no label in"),
+    "label_not_in_dict": (
+        "text",
+        lambda s: s.replace("train_c2_00 <NIHAO_WENWEN>", "train_c2_00 <HELLO>"),
+        "text:5: label '<HELLO>' of 'train_c2_00' is not in",
+    ),
+    "text_key_missing_in_scp": ("text", lambda s: s + "ghost <FILLER>\n", "text:7: utterance 'ghost' has no entry in"),
+    "scp_key_missing_in_text": (
+        "text",
+        lambda s: "\n".join(s.splitlines()[1:]) + "\n",
+        "wav.scp:1: utterance 'train_c0_00' has no label in",
+    ),
     "malformed_line": ("text", lambda s: s + "lonely_key\n", "text:7: expected `<key> <value>`"),
-    "piped_command": ("wav.scp", lambda s: s.replace(s.splitlines()[0], "train_c0_00 sox x.wav -t wav - |"),
-                      "wav.scp:1: train_c0_00: piped commands are not supported"),
+    "piped_command": (
+        "wav.scp",
+        lambda s: s.replace(s.splitlines()[0], "train_c0_00 sox x.wav -t wav - |"),
+        "wav.scp:1: train_c0_00: piped commands are not supported",
+    ),
     "empty_list": ("wav.scp", lambda s: "", "wav.scp: no utterances"),
     "missing_list": ("wav.scp", None, "wav.scp: file not found"),
     "missing_text": ("text", None, "text: file not found"),
@@ -161,10 +181,13 @@ def test_bad_tables(tiny_corpus, case):
 def test_bad_tables_cli(tiny_corpus, tmp_path):
     split = tiny_corpus / "train"
     (split / "text").write_text((split / "text").read_text().replace("<HI_XIAOWEN>", "<HELLO>", 1))
-    assert_one_line_error(run_make_list(split, tiny_corpus / "dict" / "words.txt"),
-                          f"{split / 'text'}:3: label '<HELLO>'")
-    assert_one_line_error(run_make_list(tmp_path / "nowhere", tiny_corpus / "dict" / "words.txt"),
-                          f"{tmp_path / 'nowhere' / 'wav.scp'}: file not found")
+    assert_one_line_error(
+        run_make_list(split, tiny_corpus / "dict" / "words.txt"), f"{split / 'text'}:3: label '<HELLO>'"
+    )
+    assert_one_line_error(
+        run_make_list(tmp_path / "nowhere", tiny_corpus / "dict" / "words.txt"),
+        f"{tmp_path / 'nowhere' / 'wav.scp'}: file not found",
+    )
     assert_one_line_error(run_make_list(split, tmp_path / "words.txt"), f"{tmp_path / 'words.txt'}: file not found")
     assert leftovers(split) == []
     assert not (tmp_path / "nowhere").exists()
@@ -177,8 +200,10 @@ def test_split_without_a_keyword_stops_at_the_lists(tiny_corpus, split):
     for name in ("wav.scp", "text"):
         lines = (folder / name).read_text().splitlines(keepends=True)
         (folder / name).write_text("".join(line for line in lines if "_c2_" not in line))
-    assert_one_line_error(run_make_list(folder, tiny_corpus / "dict" / "words.txt"),
-                          f"{folder / 'text'}: the {split} split has no utterance of keyword <NIHAO_WENWEN>")
+    assert_one_line_error(
+        run_make_list(folder, tiny_corpus / "dict" / "words.txt"),
+        f"{folder / 'text'}: the {split} split has no utterance of keyword <NIHAO_WENWEN>",
+    )
     assert leftovers(folder) == []
 
 
@@ -216,12 +241,14 @@ def test_fuzz_data_list_bytes(tmp_path, data):
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.text(max_size=5),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 @FUZZ
-@given(records=st.lists(st.dictionaries(st.sampled_from(["key", "txt", "duration", "wav", "x"]), JSON_VALUES),
-                        max_size=4))
+@given(
+    records=st.lists(st.dictionaries(st.sampled_from(["key", "txt", "duration", "wav", "x"]), JSON_VALUES), max_size=4)
+)
 def test_fuzz_data_list_json(tmp_path, records):
     (tmp_path / "data.list").write_text("".join(json.dumps(r) + "\n" for r in records))
     dictionary = {"<F>": -1, "a": 0, "b": 1}  # short tokens, so that the fuzzer finds them
@@ -269,8 +296,9 @@ VALID_WAV = _valid_wav_bytes()
 
 
 @FUZZ
-@given(cut=st.integers(0, len(VALID_WAV)),
-       flips=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 255)), max_size=6))
+@given(
+    cut=st.integers(0, len(VALID_WAV)), flips=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 255)), max_size=6)
+)
 def test_fuzz_damaged_wav(tmp_path, cut, flips):
     """A real wav with its header bytes overwritten and/or truncated."""
     data = bytearray(VALID_WAV[:cut])

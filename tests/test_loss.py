@@ -70,10 +70,10 @@ def reference_cross_entropy(logits, lengths, targets, min_duration=0):
 
 def random_batch(batch, frames, num_keywords, seed, scale=3.0):
     g = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(batch, frames, num_keywords, generator=g, dtype=torch.float64) * scale - 1.0)
+    logits = torch.randn(batch, frames, num_keywords, generator=g, dtype=torch.float64) * scale - 1.0
     lengths = torch.randint(1, frames + 1, (batch,), generator=g)
     lengths[0] = frames
-    lengths[1] = 3          # short: at most min_duration for most cases below
+    lengths[1] = 3  # short: at most min_duration for most cases below
     targets = torch.randint(-1, num_keywords, (batch,), generator=g)
     targets[0], targets[1] = 0, num_keywords - 1
     targets[2] = -1
@@ -83,10 +83,13 @@ def random_batch(batch, frames, num_keywords, seed, scale=3.0):
 CASES = [(k, md, seed) for k in (2, 20) for md in (0, 5, 30) for seed in (0, 1)]
 
 
-@pytest.mark.parametrize("loss_fn, reference", [
-    (max_pooling_loss, reference_max_pooling),
-    (cross_entropy_loss, reference_cross_entropy),
-])
+@pytest.mark.parametrize(
+    "loss_fn, reference",
+    [
+        (max_pooling_loss, reference_max_pooling),
+        (cross_entropy_loss, reference_cross_entropy),
+    ],
+)
 @pytest.mark.parametrize("num_keywords, min_duration, seed", CASES)
 def test_matches_loop_reference(loss_fn, reference, num_keywords, min_duration, seed):
     logits, lengths, targets = random_batch(12, 40, num_keywords, seed)
@@ -114,14 +117,14 @@ def test_padding_frames_are_ignored():
     lengths = torch.tensor([20, 3, 10, 15, 7, 1])
     padded = logits.clone()
     for i, n in enumerate(lengths.tolist()):
-        padded[i, n:] = 100.0            # huge logits in the padding must not count
+        padded[i, n:] = 100.0  # huge logits in the padding must not count
     for fn in (max_pooling_loss, cross_entropy_loss):
         torch.testing.assert_close(fn(padded, lengths, targets, 5)[0], fn(logits, lengths, targets, 5)[0])
 
 
 def test_min_duration_window_and_short_utterances():
     logits = torch.full((2, 10, 1), -5.0, dtype=torch.float64)
-    logits[:, 1, 0] = 5.0                 # the keyword fires early (frame 1) only
+    logits[:, 1, 0] = 5.0  # the keyword fires early (frame 1) only
     lengths = torch.tensor([10, 4])
     targets = torch.tensor([0, 0])
     # Utterance 0 (10 frames > 5): frame 1 is before min_duration -> miss; utterance 1 (4 <= 5): all frames.
@@ -157,12 +160,12 @@ def test_wekws_rule_differs_only_for_short_target_utterances():
     lengths[:6] = torch.tensor([3, 5, 4, 2, 6, 20])
     targets[:6] = torch.tensor([0, 1, -1, -1, 0, 1])
     for i in range(12):
-        one = (logits[i:i + 1], lengths[i:i + 1], targets[i:i + 1])
+        one = (logits[i : i + 1], lengths[i : i + 1], targets[i : i + 1])
         ours = max_pooling_loss(*one, min_duration=min_duration)[0].item()
         theirs = wekws_max_pooling(*one, min_duration=min_duration).item()
         if targets[i] >= 0 and lengths[i] <= min_duration:
             other = 1 - int(targets[i])
-            filler_term = -torch.log(1 - torch.sigmoid(logits[i, :lengths[i], other]).max()).item()
+            filler_term = -torch.log(1 - torch.sigmoid(logits[i, : lengths[i], other]).max()).item()
             assert theirs == pytest.approx(-math.log(1e-8) + filler_term)
             assert ours == pytest.approx(reference_max_pooling(*one, min_duration=min_duration)[0].item())
             assert ours < theirs - 10
@@ -180,8 +183,9 @@ def test_readme_lists_each_difference_from_wekws_loss_and_cv():
 
 
 def test_extreme_logits_stay_finite():
-    logits = torch.tensor([[[200.0, -200.0], [-200.0, 200.0]],
-                           [[-300.0, -300.0], [-300.0, -300.0]]], requires_grad=True)
+    logits = torch.tensor(
+        [[[200.0, -200.0], [-200.0, 200.0]], [[-300.0, -300.0], [-300.0, -300.0]]], requires_grad=True
+    )
     loss, acc = max_pooling_loss(logits, torch.tensor([2, 2]), torch.tensor([0, -1]))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
@@ -227,6 +231,7 @@ def test_criterion_lookup():
 
 def test_many_keywords_is_fast():
     import time
+
     logits = torch.randn(256, 200, 100, requires_grad=True)
     lengths = torch.randint(50, 201, (256,))
     targets = torch.randint(-1, 100, (256,))

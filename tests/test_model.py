@@ -14,18 +14,33 @@ torch.set_num_threads(1)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config" / "models"
 
 BACKBONES = {
-    "tcn": {"hidden_dim": 24, "preprocessing": {"type": "linear"},
-            "backbone": {"type": "tcn", "ds": False, "num_layers": 3, "kernel_size": 4, "dropout": 0.1},
-            "classifier": {"type": "linear", "dropout": 0.1}},
-    "ds_tcn": {"hidden_dim": 24, "preprocessing": {"type": "linear"},
-               "backbone": {"type": "tcn", "ds": True, "num_layers": 4, "kernel_size": 8, "dropout": 0.1},
-               "classifier": {"type": "linear", "dropout": 0.1}},
-    "mdtc": {"hidden_dim": 16, "preprocessing": {"type": "none"},
-             "backbone": {"type": "mdtc", "stack_num": 2, "stack_size": 3, "kernel_size": 5, "hidden_dim": 16}},
-    "mdtc_linear": {"hidden_dim": 16, "preprocessing": {"type": "linear"},
-                    "backbone": {"type": "mdtc", "num_stack": 2, "stack_size": 2, "kernel_size": 3}},
-    "gru": {"hidden_dim": 24, "preprocessing": {"type": "linear"},
-            "backbone": {"type": "gru", "num_layers": 2, "dropout": 0.1}},
+    "tcn": {
+        "hidden_dim": 24,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "tcn", "ds": False, "num_layers": 3, "kernel_size": 4, "dropout": 0.1},
+        "classifier": {"type": "linear", "dropout": 0.1},
+    },
+    "ds_tcn": {
+        "hidden_dim": 24,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "tcn", "ds": True, "num_layers": 4, "kernel_size": 8, "dropout": 0.1},
+        "classifier": {"type": "linear", "dropout": 0.1},
+    },
+    "mdtc": {
+        "hidden_dim": 16,
+        "preprocessing": {"type": "none"},
+        "backbone": {"type": "mdtc", "stack_num": 2, "stack_size": 3, "kernel_size": 5, "hidden_dim": 16},
+    },
+    "mdtc_linear": {
+        "hidden_dim": 16,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "mdtc", "num_stack": 2, "stack_size": 2, "kernel_size": 3},
+    },
+    "gru": {
+        "hidden_dim": 24,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "gru", "num_layers": 2, "dropout": 0.1},
+    },
 }
 INPUT_DIM = 20
 
@@ -35,8 +50,7 @@ def random_cmvn(dim, seed=0):
     frames = 500
     mean = torch.randn(dim, generator=g) * 3 + 5
     var = torch.rand(dim, generator=g) * 4 + 0.5
-    return {"mean_stat": (mean * frames).tolist(), "var_stat": ((var + mean ** 2) * frames).tolist(),
-            "frame_num": frames}
+    return {"mean_stat": (mean * frames).tolist(), "var_stat": ((var + mean**2) * frames).tolist(), "frame_num": frames}
 
 
 def make_model(name, num_keywords=3, seed=0):
@@ -80,7 +94,7 @@ def test_chunked_forward_with_cache_equals_full_forward(name, chunk):
         full, full_cache = model(feats)
         pieces, cache = [], None
         for start in range(0, feats.size(1), chunk):
-            out, cache = model(feats[:, start:start + chunk], cache)
+            out, cache = model(feats[:, start : start + chunk], cache)
             pieces.append(out)
     chunked = torch.cat(pieces, dim=1)
     assert chunked.shape == full.shape
@@ -95,8 +109,8 @@ def test_causal_and_batch_independent(name):
     with torch.no_grad():
         base, _ = model(feats)
         changed = feats.clone()
-        changed[:, 30:] += 10.0           # the future must not change earlier frames
-        changed[1] = features(1, 50, seed=9)[0]   # nor another utterance of the batch
+        changed[:, 30:] += 10.0  # the future must not change earlier frames
+        changed[1] = features(1, 50, seed=9)[0]  # nor another utterance of the batch
         out, _ = model(changed)
     torch.testing.assert_close(out[0, :30], base[0, :30], rtol=0, atol=1e-6)
 
@@ -120,7 +134,7 @@ def test_cmvn_buffers_follow_wekws_formula():
     cmvn = {"mean_stat": [10.0, -4.0], "var_stat": [60.0, 12.0], "frame_num": 2}
     mean, istd = cmvn_mean_istd(cmvn)
     torch.testing.assert_close(mean, torch.tensor([5.0, -2.0]))
-    torch.testing.assert_close(istd, torch.tensor([1 / 5 ** 0.5, 1 / 2 ** 0.5]))
+    torch.testing.assert_close(istd, torch.tensor([1 / 5**0.5, 1 / 2**0.5]))
     # Zero variance is floored at 1e-20 (istd 1e10), not a division by zero.
     _, istd = cmvn_mean_istd({"mean_stat": [2.0], "var_stat": [2.0], "frame_num": 2})
     assert torch.isfinite(istd).all() and istd.item() == pytest.approx(1e10)
@@ -130,7 +144,7 @@ def test_cmvn_buffers_follow_wekws_formula():
     torch.testing.assert_close(model.global_cmvn.mean, torch.tensor([5.0, -2.0]))
     feats = torch.tensor([[[5.0, -2.0], [10.0, 0.0]]])
     normed = model.global_cmvn(feats)
-    torch.testing.assert_close(normed, torch.tensor([[[0.0, 0.0], [5 / 5 ** 0.5, 2 / 2 ** 0.5]]]))
+    torch.testing.assert_close(normed, torch.tensor([[[0.0, 0.0], [5 / 5**0.5, 2 / 2**0.5]]]))
 
 
 def test_identity_cmvn_keeps_state_dict_layout():
@@ -144,28 +158,34 @@ def test_identity_cmvn_keeps_state_dict_layout():
     torch.testing.assert_close(without.global_cmvn.istd, with_cmvn.global_cmvn.istd)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"mean_stat": [1.0, 2.0], "var_stat": [1.0], "frame_num": 3}, "var_stat"),
-    ({"mean_stat": [1.0], "var_stat": [1.0]}, "frame_num"),
-    ({"mean_stat": [1.0], "var_stat": [1.0], "frame_num": 0}, "frame_num"),
-    ({"mean_stat": [1.0] * 3, "var_stat": [1.0] * 3, "frame_num": 1}, "dimensional"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"mean_stat": [1.0, 2.0], "var_stat": [1.0], "frame_num": 3}, "var_stat"),
+        ({"mean_stat": [1.0], "var_stat": [1.0]}, "frame_num"),
+        ({"mean_stat": [1.0], "var_stat": [1.0], "frame_num": 0}, "frame_num"),
+        ({"mean_stat": [1.0] * 3, "var_stat": [1.0] * 3, "frame_num": 1}, "dimensional"),
+    ],
+)
 def test_bad_cmvn_is_a_user_error(bad, message):
     with pytest.raises(KwsError, match=message):
         build_model(BACKBONES["ds_tcn"], 2 if message != "dimensional" else 4, 2, bad)
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"backbone": {"type": "lstm"}}, "model.backbone.type"),
-    ({"backbone": {"type": "tcn", "drouput": 0.1}}, "model.backbone.drouput"),
-    ({"backbone": {"type": "tcn", "num_layers": 0}}, "model.backbone.num_layers"),
-    ({"backbone": {"type": "tcn", "dropout": 1.5}}, "model.backbone.dropout"),
-    ({"preprocessing": {"type": "conv"}}, "model.preprocessing.type"),
-    ({"preprocessing": {"type": "none"}}, "model.preprocessing.type"),
-    ({"classifier": {"type": "global"}}, "model.classifier.type"),
-    ({"hidden_dim": "big"}, "model.hidden_dim"),
-    ({"backbone": {"type": "mdtc", "causal": False}}, "model.backbone.causal"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"backbone": {"type": "lstm"}}, "model.backbone.type"),
+        ({"backbone": {"type": "tcn", "drouput": 0.1}}, "model.backbone.drouput"),
+        ({"backbone": {"type": "tcn", "num_layers": 0}}, "model.backbone.num_layers"),
+        ({"backbone": {"type": "tcn", "dropout": 1.5}}, "model.backbone.dropout"),
+        ({"preprocessing": {"type": "conv"}}, "model.preprocessing.type"),
+        ({"preprocessing": {"type": "none"}}, "model.preprocessing.type"),
+        ({"classifier": {"type": "global"}}, "model.classifier.type"),
+        ({"hidden_dim": "big"}, "model.hidden_dim"),
+        ({"backbone": {"type": "mdtc", "causal": False}}, "model.backbone.causal"),
+    ],
+)
 def test_config_errors_name_the_key(change, key):
     conf = dict(BACKBONES["ds_tcn"], **change)
     with pytest.raises(KwsError, match=key.replace(".", r"\.")):

@@ -46,8 +46,11 @@ def requirement_closure(requirements):
 
 
 def snakemake_extra(extra):
-    return {canonicalize_name(Requirement(text).name) for text in metadata.requires("snakemake")
-            if Requirement(text).marker and Requirement(text).marker.evaluate({"extra": extra})}
+    return {
+        canonicalize_name(Requirement(text).name)
+        for text in metadata.requires("snakemake")
+        if Requirement(text).marker and Requirement(text).marker.evaluate({"extra": extra})
+    }
 
 
 def test_plain_install_can_write_the_report():

@@ -45,8 +45,11 @@ def test_det_plot(tmp_path):
 
 
 def test_compare_plot(tmp_path):
-    paths = [_stats(tmp_path / e / "det" / f"stats.{k}.txt", shift=s)
-             for e, s in (("exp1", 0.0), ("exp2", 0.05)) for k in ("a", "b")]
+    paths = [
+        _stats(tmp_path / e / "det" / f"stats.{k}.txt", shift=s)
+        for e, s in (("exp1", 0.0), ("exp2", 0.05))
+        for k in ("a", "b")
+    ]
     groups = group_stats_by_experiment(paths)
     assert [name for name, _ in groups] == ["exp1", "exp2"]
     assert _is_png(plot_det_compare(groups, tmp_path / "cmp.png"))
@@ -56,8 +59,10 @@ def test_training_plot(tmp_path):
     log = tmp_path / "train_log.tsv"
     rows = ["epoch\ttrain_loss\tcv_loss\tcv_acc\tlr\tgrad_norm\tskipped_steps\tseconds\tutts_per_s"]
     for e in range(1, 6):
-        rows.append(f"{e}\t{1 / e:.4f}\t{1.2 / e:.4f}\t{0.5 + e / 20:.3f}\t{1e-3 / 2 ** (e // 3):g}\t{3 - e * 0.3:.2f}"
-                    f"\t{1 if e == 4 else 0}\t12.5\t80.1")
+        rows.append(
+            f"{e}\t{1 / e:.4f}\t{1.2 / e:.4f}\t{0.5 + e / 20:.3f}\t{1e-3 / 2 ** (e // 3):g}\t{3 - e * 0.3:.2f}"
+            f"\t{1 if e == 4 else 0}\t12.5\t80.1"
+        )
     log.write_text("\n".join(rows) + "\n")
     assert _is_png(plot_training(log, tmp_path / "training.png", title="exp1"))
     (tmp_path / "bad.tsv").write_text("epoch\tfoo\n1\t2\n")
@@ -68,19 +73,63 @@ def test_training_plot(tmp_path):
 def test_scripts(tmp_path):
     paths = [_stats(tmp_path / e / "det" / f"stats.{k}.txt") for e in ("e1", "e2") for k in ("a", "b")]
     run = [sys.executable, str(ROOT / "scripts" / "plot_det.py")]
-    proc = subprocess.run(run + ["--stats", str(paths[0]), str(paths[1]), "--labels", "a", "b", "--title", "e1",
-                                 "--out", str(tmp_path / "det.png")], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        run
+        + [
+            "--stats",
+            str(paths[0]),
+            str(paths[1]),
+            "--labels",
+            "a",
+            "b",
+            "--title",
+            "e1",
+            "--out",
+            str(tmp_path / "det.png"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _is_png(tmp_path / "det.png")
-    proc = subprocess.run(run + ["--compare", "--stats", *map(str, paths), "--out", str(tmp_path / "cmp.png")],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        run + ["--compare", "--stats", *map(str, paths), "--out", str(tmp_path / "cmp.png")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _is_png(tmp_path / "cmp.png")
-    proc = subprocess.run(run + ["--dirs", str(tmp_path / "e1"), str(tmp_path / "e2"), "--labels", "x", "y",
-                                 "--out", str(tmp_path / "dirs.png")], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        run
+        + [
+            "--dirs",
+            str(tmp_path / "e1"),
+            str(tmp_path / "e2"),
+            "--labels",
+            "x",
+            "y",
+            "--out",
+            str(tmp_path / "dirs.png"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _is_png(tmp_path / "dirs.png")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_training.py"), "--log",
-                           str(tmp_path / "missing.tsv"), "--out", str(tmp_path / "t.png")],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "plot_training.py"),
+            "--log",
+            str(tmp_path / "missing.tsv"),
+            "--out",
+            str(tmp_path / "t.png"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "not found" in proc.stderr

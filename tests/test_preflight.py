@@ -26,15 +26,27 @@ NO_CLIP = {"dataset_conf": {}, "model": {}, "training_config": {"max_epoch": 1}}
 
 
 def ns(**kwargs):
-    base = dict(gpus=None, nproc_per_node=None, config=CONFIG, num_workers=1, master_port=None,
-                dist_backend="auto", threads=None)
+    base = dict(
+        gpus=None,
+        nproc_per_node=None,
+        config=CONFIG,
+        num_workers=1,
+        master_port=None,
+        dist_backend="auto",
+        threads=None,
+    )
     base.update(kwargs)
     return argparse.Namespace(**base)
 
 
 def preflight(args, cuda=None, environ=None, cpus=64, **kwargs):
-    return run_preflight(args, environ={} if environ is None else environ,
-                         cuda=CudaInfo.fake(4) if cuda is None else cuda, cpus=cpus, **kwargs)
+    return run_preflight(
+        args,
+        environ={} if environ is None else environ,
+        cuda=CudaInfo.fake(4) if cuda is None else cuda,
+        cpus=cpus,
+        **kwargs,
+    )
 
 
 def test_two_gpus_pass_with_nccl_and_report_free_memory():
@@ -58,11 +70,14 @@ def test_gpus_must_match_local_world_size_under_torchrun():
         preflight(ns(gpus="0,1", nproc_per_node=2), environ=env)
 
 
-@pytest.mark.parametrize("gpus, message", [
-    ("0,1,0", "GPU 0 is listed twice"),
-    ("0,-2", "must be >= 0"),
-    ("0,a", "'a' is not a GPU id"),
-])
+@pytest.mark.parametrize(
+    "gpus, message",
+    [
+        ("0,1,0", "GPU 0 is listed twice"),
+        ("0,-2", "must be >= 0"),
+        ("0,a", "'a' is not a GPU id"),
+    ],
+)
 def test_bad_gpu_ids(gpus, message):
     with pytest.raises(KwsError, match=message):
         preflight(ns(gpus=gpus, nproc_per_node=len(gpus.split(","))))
@@ -131,8 +146,9 @@ def test_num_workers():
     report = preflight(ns(gpus="0,1", nproc_per_node=2, num_workers=8), cpus=8)
     assert any("needs 18 CPUs" in w and "--num_workers 3" in w for w in report)
     assert not preflight(ns(gpus="0,1", nproc_per_node=2, num_workers=3), cpus=8)
-    assert any("needs 18 CPUs" in w for w in preflight(ns(gpus="0,1", nproc_per_node=2, num_workers=8, threads=8),
-                                                      cpus=None))
+    assert any(
+        "needs 18 CPUs" in w for w in preflight(ns(gpus="0,1", nproc_per_node=2, num_workers=8, threads=8), cpus=None)
+    )
     with pytest.raises(KwsError, match="--num_workers -1: must be >= 0"):
         preflight(ns(num_workers=-1))
 
@@ -169,16 +185,35 @@ def test_free_port_passes():
 
 
 def test_script_ok_and_error(tmp_path, listener):
-    cmd = [sys.executable, str(ROOT / "scripts/preflight.py"), "--gpus", "-1", "--nproc_per_node", "2",
-           "--config", str(ROOT / "config/models/ds_tcn.yaml"), "--num_workers", "0", "--threads", "4",
-           "--master_port", str(find_free_port(41000))]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts/preflight.py"),
+        "--gpus",
+        "-1",
+        "--nproc_per_node",
+        "2",
+        "--config",
+        str(ROOT / "config/models/ds_tcn.yaml"),
+        "--num_workers",
+        "0",
+        "--threads",
+        "4",
+        "--master_port",
+        str(find_free_port(41000)),
+    ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ok: backend: gloo" in out.stdout and "preflight passed" in out.stdout
     cmd[cmd.index("--master_port") + 1] = str(listener)
-    out = subprocess.run(cmd + ["--override", "training_config.grad_clip=null"], capture_output=True, text=True,
-                         cwd=ROOT, env=env, timeout=60)
+    out = subprocess.run(
+        cmd + ["--override", "training_config.grad_clip=null"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert out.stderr.startswith("error: rendezvous port") and f"pid {os.getpid()}" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1

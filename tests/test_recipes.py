@@ -35,8 +35,13 @@ def check_layout(out, dictionary):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "scripts/prepare_corpus.py", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "scripts/prepare_corpus.py", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # ----------------------------------------------------------------------------- Mobvoi
@@ -66,8 +71,12 @@ def test_mobvoi(tmp_path, make_wav):
     out = tmp_path / "out"
     summary = prepare_corpus("mobvoi", root, out)
     texts = check_layout(out, {"<FILLER>": -1, "<HI_XIAOWEN>": 0, "<NIHAO_WENWEN>": 1})
-    assert texts["train"] == {"tr_n0": "<FILLER>", "tr_n1": "<FILLER>", "tr_p0": "<HI_XIAOWEN>",
-                              "tr_p1": "<NIHAO_WENWEN>"}
+    assert texts["train"] == {
+        "tr_n0": "<FILLER>",
+        "tr_n1": "<FILLER>",
+        "tr_p0": "<HI_XIAOWEN>",
+        "tr_p1": "<NIHAO_WENWEN>",
+    }
     assert texts["test"] == {"te_n0": "<FILLER>", "te_p1": "<NIHAO_WENWEN>"}
     assert summary["splits"]["dev"]["utterances"] == 2
     # the output feeds make_list directly
@@ -116,9 +125,11 @@ def build_speech_commands(root, make_wav):
             make_wav(root / word / f"{stem}.wav", seconds=0.2, freq=200 + 100 * i)
     make_wav(root / "_background_noise_" / "white_noise.wav", seconds=0.5, kind="noise")
     (root / "validation_list.txt").write_text(
-        "yes/bbbb2222_nohash_0.wav\nno/dddd4444_nohash_0.wav\nup/bbbb2222_nohash_0.wav\n")
+        "yes/bbbb2222_nohash_0.wav\nno/dddd4444_nohash_0.wav\nup/bbbb2222_nohash_0.wav\n"
+    )
     (root / "testing_list.txt").write_text(
-        "yes/cccc3333_nohash_1.wav\nno/eeee5555_nohash_0.wav\nup/ffff6666_nohash_0.wav\n")
+        "yes/cccc3333_nohash_1.wav\nno/eeee5555_nohash_0.wav\nup/ffff6666_nohash_0.wav\n"
+    )
     (root / "LICENSE").write_text("cc-by-4.0\n")
     return root
 
@@ -128,10 +139,16 @@ def test_speech_commands_default_keywords(tmp_path, make_wav):
     out = tmp_path / "out"
     summary = prepare_corpus("speech_commands", root, out)
     texts = check_layout(out, {"<FILLER>": -1, "<YES>": 0, "<NO>": 1})
-    assert texts["train"] == {"no_aaaa1111_nohash_0": "<NO>", "up_aaaa1111_nohash_0": "<FILLER>",
-                              "yes_aaaa1111_nohash_0": "<YES>"}
-    assert texts["dev"] == {"no_dddd4444_nohash_0": "<NO>", "up_bbbb2222_nohash_0": "<FILLER>",
-                            "yes_bbbb2222_nohash_0": "<YES>"}
+    assert texts["train"] == {
+        "no_aaaa1111_nohash_0": "<NO>",
+        "up_aaaa1111_nohash_0": "<FILLER>",
+        "yes_aaaa1111_nohash_0": "<YES>",
+    }
+    assert texts["dev"] == {
+        "no_dddd4444_nohash_0": "<NO>",
+        "up_bbbb2222_nohash_0": "<FILLER>",
+        "yes_bbbb2222_nohash_0": "<YES>",
+    }
     assert set(texts["test"]) == {"no_eeee5555_nohash_0", "up_ffff6666_nohash_0", "yes_cccc3333_nohash_1"}
     scp = read_kaldi_map(out / "dev" / "wav.scp")
     assert scp["up_bbbb2222_nohash_0"] == str((root / "up" / "bbbb2222_nohash_0.wav").resolve())
@@ -144,8 +161,7 @@ def test_speech_commands_keywords(tmp_path, make_wav):
     prepare_corpus("speech_commands", root, tmp_path / "a", ["up"])
     assert read_dictionary(tmp_path / "a" / "dict" / "words.txt") == {"<FILLER>": -1, "<UP>": 0}
     prepare_corpus("speech_commands", root, tmp_path / "b", ["all"])
-    assert read_dictionary(tmp_path / "b" / "dict" / "words.txt") == {
-        "<FILLER>": -1, "<NO>": 0, "<UP>": 1, "<YES>": 2}
+    assert read_dictionary(tmp_path / "b" / "dict" / "words.txt") == {"<FILLER>": -1, "<NO>": 0, "<UP>": 1, "<YES>": 2}
     with pytest.raises(KwsError, match=r"keyword 'marvin' has no folder"):
         prepare_corpus("speech_commands", root, tmp_path / "c", ["yes", "marvin"])
     assert outputs(tmp_path / "c") == []
@@ -187,8 +203,15 @@ def build_snips(root, make_wav):
         data = []
         for uid, hot, dur in entries:
             make_wav(root / "audio_files" / f"{uid}.wav", kind="sine" if hot else "noise")
-            data.append({"id": uid, "is_hotword": hot, "worker_id": "w1", "duration": dur,
-                         "audio_file_path": f"audio_files/{uid}.wav"})
+            data.append(
+                {
+                    "id": uid,
+                    "is_hotword": hot,
+                    "worker_id": "w1",
+                    "duration": dur,
+                    "audio_file_path": f"audio_files/{uid}.wav",
+                }
+            )
         (root / f"{split}.json").write_text(json.dumps(data))
     return root
 
@@ -198,7 +221,7 @@ def test_snips(tmp_path, make_wav):
     out = tmp_path / "out"
     summary = prepare_corpus("snips", root, out)
     texts = check_layout(out, {"<FILLER>": -1, "<HEY_SNIPS>": 0})
-    assert texts["train"] == {"t0": "<HEY_SNIPS>", "t1": "<FILLER>"}   # duration <= 0 dropped
+    assert texts["train"] == {"t0": "<HEY_SNIPS>", "t1": "<FILLER>"}  # duration <= 0 dropped
     assert texts["test"] == {"e0": "<HEY_SNIPS>", "e1": "<FILLER>"}
     assert any("dropped 2" in note for note in summary["notes"])
 
@@ -247,22 +270,40 @@ def test_kaldi_keywords_instead_of_dict(tiny_corpus, tmp_path):
         prepare_corpus("kaldi", tiny_corpus, tmp_path / "out")
     prepare_corpus("kaldi", tiny_corpus, tmp_path / "out", ["<NIHAO_WENWEN>", "hi_xiaowen"])
     assert read_dictionary(tmp_path / "out" / "dict" / "words.txt") == {
-        "<FILLER>": -1, "<NIHAO_WENWEN>": 0, "<HI_XIAOWEN>": 1}
+        "<FILLER>": -1,
+        "<NIHAO_WENWEN>": 0,
+        "<HI_XIAOWEN>": 1,
+    }
 
 
-@pytest.mark.parametrize("edit, pattern", [
-    (lambda d: (d / "test" / "text").write_text((d / "test" / "text").read_text() + "test_c0_00x <FILLER>\n"),
-     r"test/text:4: utterance 'test_c0_00x' has no entry in .*test/wav\.scp"),
-    (lambda d: (d / "dev" / "text").write_text((d / "dev" / "text").read_text().replace("<NIHAO_WENWEN>", "<HELLO>")),
-     r"dev/text:3: label '<HELLO>' is not a token of .*words\.txt"),
-    (lambda d: (d / "dev" / "wav.scp").write_text((d / "dev" / "wav.scp").read_text() + "extra /no/such.wav\n"),
-     r"dev/wav\.scp:4: utterance 'extra' has no label"),
-    (lambda d: (d / "train" / "wav.scp").write_text("k1 /no/such.wav\nk1 /no/such.wav\n"),
-     r"train/wav\.scp:2: duplicate key 'k1'"),
-    (lambda d: (d / "wavs" / "train" / "train_c1_01.wav").unlink(),
-     r"train/wav\.scp:4: .*train_c1_01\.wav: audio file not found"),
-    (lambda d: (d / "dev" / "wav.scp").unlink(), r"dev/wav\.scp: file not found"),
-])
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (
+            lambda d: (d / "test" / "text").write_text((d / "test" / "text").read_text() + "test_c0_00x <FILLER>\n"),
+            r"test/text:4: utterance 'test_c0_00x' has no entry in .*test/wav\.scp",
+        ),
+        (
+            lambda d: (d / "dev" / "text").write_text(
+                (d / "dev" / "text").read_text().replace("<NIHAO_WENWEN>", "<HELLO>")
+            ),
+            r"dev/text:3: label '<HELLO>' is not a token of .*words\.txt",
+        ),
+        (
+            lambda d: (d / "dev" / "wav.scp").write_text((d / "dev" / "wav.scp").read_text() + "extra /no/such.wav\n"),
+            r"dev/wav\.scp:4: utterance 'extra' has no label",
+        ),
+        (
+            lambda d: (d / "train" / "wav.scp").write_text("k1 /no/such.wav\nk1 /no/such.wav\n"),
+            r"train/wav\.scp:2: duplicate key 'k1'",
+        ),
+        (
+            lambda d: (d / "wavs" / "train" / "train_c1_01.wav").unlink(),
+            r"train/wav\.scp:4: .*train_c1_01\.wav: audio file not found",
+        ),
+        (lambda d: (d / "dev" / "wav.scp").unlink(), r"dev/wav\.scp: file not found"),
+    ],
+)
 def test_kaldi_bad_input(tiny_corpus, tmp_path, edit, pattern):
     edit(tiny_corpus)
     with pytest.raises(KwsError, match=pattern):
@@ -294,8 +335,7 @@ def test_corpus_keywords_are_the_names_det_writes():
     assert corpus_keywords({"name": "mobvoi", "keywords": []}) == ["hi_xiaowen", "nihao_wenwen"]
     assert corpus_keywords({"name": "speech_commands", "keywords": ["yes", "Up"]}) == ["yes", "up"]
     assert corpus_keywords({"name": "kaldi", "keywords": ["<HEY_KWS>", "hey snips"]}) == ["hey_kws", "hey_snips"]
-    assert corpus_keywords({"name": "synthetic", "language": "cmn", "keywords": []}) == ["hi_xiaowen",
-                                                                                        "nihao_wenwen"]
+    assert corpus_keywords({"name": "synthetic", "language": "cmn", "keywords": []}) == ["hi_xiaowen", "nihao_wenwen"]
     assert keyword_slug(keyword_token("hey snips")) == "hey_snips"
     with pytest.raises(KwsError, match="corpus.keywords"):
         corpus_keywords({"name": "kaldi", "keywords": []})

@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 
+import helpers_train
 from helpers_train import make_corpus
 from kws import checkpoint as ckpt
 from kws.average import average_checkpoints
@@ -129,23 +130,41 @@ def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("reliability")
     corpus = make_corpus(root / "corpus", num_train=96, num_dev=6)
     dim = yaml.safe_load(MODEL_CONFIG.read_text())["dataset_conf"]["fbank_conf"]["num_mel_bins"]
-    corpus["cmvn"].write_text(json.dumps({"mean_stat": [1000.0] * dim, "var_stat": [10400.0] * dim,
-                                          "frame_num": 100}))
+    corpus["cmvn"].write_text(json.dumps({"mean_stat": [1000.0] * dim, "var_stat": [10400.0] * dim, "frame_num": 100}))
     corpus["root"] = root
     return corpus
 
 
 def train_argv(corpus, model_dir, *extra):
-    return ["scripts/train.py", "--config", str(MODEL_CONFIG), "--train_data", str(corpus["train"]),
-            "--cv_data", str(corpus["dev"]), "--model_dir", str(model_dir), "--num_keywords", "2",
-            "--min_duration", "5", "--seed", "666", "--cmvn_file", str(corpus["cmvn"]), "--norm_var",
-            "--max_epoch", str(MAX_EPOCH), "--threads", "2", "--timeout", "120",
-            "--override", "dataset_conf.batch_conf.batch_size=2", *extra]
+    return [
+        "scripts/train.py",
+        *helpers_train.train_argv(corpus, MODEL_CONFIG, model_dir),
+        "--max_epoch",
+        str(MAX_EPOCH),
+        "--threads",
+        "2",
+        "--timeout",
+        "120",
+        "--override",
+        "dataset_conf.batch_conf.batch_size=2",
+        *extra,
+    ]
 
 
 def torchrun(corpus, model_dir, *extra):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "2",
-            "--max-restarts", "1", *train_argv(corpus, model_dir, *extra)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--max-restarts",
+        "1",
+        *train_argv(corpus, model_dir, *extra),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +180,14 @@ def test_killed_rank_restarts_from_last_checkpoint_and_ends_identical(corpus, re
     model_dir = tmp_path / "killed_rank"
     log = tmp_path / "torchrun.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(torchrun(corpus, model_dir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun(corpus, model_dir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         # epoch 1 is checkpointed and epoch 2 has begun (rank 0 logs every batch: log_interval 1)
-        wait_for(lambda: (model_dir / "epoch_001.yaml").exists() and "epoch 2 batch 1 " in log.read_text(),
-                 proc, "epoch 2")
+        wait_for(
+            lambda: (model_dir / "epoch_001.yaml").exists() and "epoch 2 batch 1 " in log.read_text(), proc, "epoch 2"
+        )
         victim = worker_pid(proc.pid, rank=1)
         assert not (model_dir / "epoch_002.yaml").exists()
         os.kill(victim, signal.SIGKILL)
@@ -190,8 +211,9 @@ def test_a_killed_rank_leaves_nothing_behind(corpus, tmp_path):
     model_dir = tmp_path / "model"
     command = torchrun(corpus, model_dir)
     command[command.index("scripts/train.py")] = str(REPO / "scripts" / "train.py")
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         wait_for(lambda: (model_dir / "epoch_001.yaml").exists(), proc, "epoch 1")
         victim = worker_pid(proc.pid, rank=1)
@@ -256,8 +278,9 @@ def test_divergence_stops_with_a_clear_error(corpus, tmp_path):
     from kws import trainer
 
     model_dir = tmp_path / "diverged"
-    argv = train_argv(corpus, model_dir, "--override", "optim_conf.lr=1e30",
-                      "--override", "training_config.max_nonfinite_steps=3")[1:]
+    argv = train_argv(
+        corpus, model_dir, "--override", "optim_conf.lr=1e30", "--override", "training_config.max_nonfinite_steps=3"
+    )[1:]
     argv[argv.index("--threads") + 1] = "1"
     threads, logger = torch.get_num_threads(), logging.getLogger("kws")
     level, handlers = logger.level, list(logger.handlers)
@@ -297,8 +320,14 @@ def test_two_folders_give_identical_results(pipeline_a, tmp_path):
     result = snakemake(b)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     a = pipeline_a
-    for name in ("metrics.json", "metrics.tsv", "metrics.md", "score.txt", "det/stats.hi_xiaowen.txt",
-                 "det/stats.nihao_wenwen.txt"):
+    for name in (
+        "metrics.json",
+        "metrics.tsv",
+        "metrics.md",
+        "score.txt",
+        "det/stats.hi_xiaowen.txt",
+        "det/stats.nihao_wenwen.txt",
+    ):
         assert (a / EXP / name).read_bytes() == (b / EXP / name).read_bytes(), name
     assert_same_model(a / EXP / "avg.pt", b / EXP / "avg.pt", optimizer=False)
     for path in sorted((a / EXP / "model").glob("epoch_*.pt")):
@@ -309,8 +338,18 @@ def test_two_folders_give_identical_results(pipeline_a, tmp_path):
 def test_killed_snakemake_resumes_training(pipeline_a, tmp_path):
     root = make_workdir(tmp_path / "pipeline_c", PIPELINE_CONFIG)
     target = str(EXP / "avg.pt")
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(root / "workflow" / "Snakefile"),
-               "--directory", str(root), "--cores", "2", target]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(root / "workflow" / "Snakefile"),
+        "--directory",
+        str(root),
+        "--cores",
+        "2",
+        target,
+    ]
     model_dir = root / EXP / "model"
     with open(tmp_path / "first.log", "w") as out:
         proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -26,8 +26,14 @@ def setup(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(TINY_CONFIG["model"], dim, 2, None)
     model.eval()
-    payload = {"model": model.state_dict(), "config": TINY_CONFIG, "num_keywords": 2, "input_dim": dim,
-               "epoch": "avg", "cv_loss": None}
+    payload = {
+        "model": model.state_dict(),
+        "config": TINY_CONFIG,
+        "num_keywords": 2,
+        "input_dim": dim,
+        "epoch": "avg",
+        "cv_loss": None,
+    }
     torch.save(payload, root / "avg.pt")
     return root, data_list, items, model
 
@@ -62,8 +68,9 @@ def test_score_file_layout_and_values(setup):
 def test_batching_and_chunking_do_not_change_scores(setup):
     root, data_list, _, _ = setup
     score(root / "avg.pt", data_list, root / "words.txt", root / "a.txt", batch_size=1, device="cpu")
-    score(root / "avg.pt", data_list, root / "words.txt", root / "b.txt", batch_size=64, device="cpu",
-          max_batch_frames=17)  # forces cached chunked forwards
+    score(
+        root / "avg.pt", data_list, root / "words.txt", root / "b.txt", batch_size=64, device="cpu", max_batch_frames=17
+    )  # forces cached chunked forwards
     for (ka, ta, va), (kb, tb, vb) in zip(_parse(root / "a.txt"), _parse(root / "b.txt")):
         assert (ka, ta) == (kb, tb)
         np.testing.assert_allclose(va, vb, atol=2e-5)
@@ -85,16 +92,47 @@ def test_cli(setup, tmp_path):
     root, data_list, items, _ = setup
     out = tmp_path / "score.txt"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "score.py"), "--checkpoint", str(root / "avg.pt"),
-         "--test-data", str(data_list), "--dict", str(root / "words.txt"), "--out", str(out),
-         "--device", "cpu", "--threads", "1", "--batch-size", "4"],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "score.py"),
+            "--checkpoint",
+            str(root / "avg.pt"),
+            "--test-data",
+            str(data_list),
+            "--dict",
+            str(root / "words.txt"),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--batch-size",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 2 * len(items)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "score.py"), "--checkpoint", str(tmp_path / "missing.pt"),
-         "--test-data", str(data_list), "--dict", str(root / "words.txt"), "--out", str(out), "--device", "cpu"],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "score.py"),
+            "--checkpoint",
+            str(tmp_path / "missing.pt"),
+            "--test-data",
+            str(data_list),
+            "--dict",
+            str(root / "words.txt"),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 1 and "checkpoint not found" in proc.stderr

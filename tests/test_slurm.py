@@ -49,8 +49,16 @@ def experiments(**shapes):
 def profile_run(cluster, root, *args, timeout=400):
     """The README's cluster command (smoke run) with the partition from the environment."""
     env = dict(cluster.env, KWS_SLURM_PARTITION=cluster.partition)
-    command = [sys.executable, "-m", "snakemake", "--workflow-profile", "workflow/profiles/slurm",
-               "--config", "smoke=True", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--workflow-profile",
+        "workflow/profiles/slurm",
+        "--config",
+        "smoke=True",
+        *args,
+    ]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     return result, result.stdout + result.stderr
 
@@ -69,8 +77,9 @@ def slurm_jobs(output):
 
 def squeue(cluster, job_id, fields):
     """squeue's `fields` (e.g. "%N %C") of a job; finished jobs stay listed for MinJobAge."""
-    return subprocess.run(["squeue", "-h", "--states=all", "-j", job_id, "-o", fields], env=cluster.env,
-                          capture_output=True, text=True).stdout.split()
+    return subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", job_id, "-o", fields], env=cluster.env, capture_output=True, text=True
+    ).stdout.split()
 
 
 def train_log(root, exp):
@@ -78,8 +87,12 @@ def train_log(root, exp):
 
 
 def nodes_of(cluster, job_id):
-    return subprocess.run(["scontrol", "show", "hostnames", squeue(cluster, job_id, "%N")[0]], env=cluster.env,
-                          capture_output=True, text=True).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", squeue(cluster, job_id, "%N")[0]],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +162,9 @@ def test_a_job_refused_before_its_rule_starts_shows_no_old_log(cluster, project)
     log = project / "results" / "smoke" / "logs" / "train.tiny.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("the previous run's training log\n")
-    result, output = profile_run(cluster, project, "--forcerun", "train",
-                                 "--set-resources", "train:constraint=nosuchfeature")
+    result, output = profile_run(
+        cluster, project, "--forcerun", "train", "--set-resources", "train:constraint=nosuchfeature"
+    )
     assert result.returncode != 0 and "Invalid feature specification" in output, output[-3000:]
     assert "the previous run's training log" not in output and "train.tiny.log not found" in output
 
@@ -158,8 +172,9 @@ def test_a_job_refused_before_its_rule_starts_shows_no_old_log(cluster, project)
 def test_missing_packages_and_a_failing_apt_get_give_one_line(tmp_path, monkeypatch):
     """A CI machine without slurm-wlm whose apt-get update fails: one line saying so, not a traceback."""
     fake = tmp_path / "apt-get"
-    fake.write_text("#!/bin/sh\necho 'E: Failed to fetch http://deb.debian.org/ Temporary failure resolving' >&2\n"
-                    "exit 100\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'E: Failed to fetch http://deb.debian.org/ Temporary failure resolving' >&2\nexit 100\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(cluster_module, "PACKAGES", {"kws-no-such-command": "slurm-wlm"})
@@ -168,7 +183,9 @@ def test_missing_packages_and_a_failing_apt_get_give_one_line(tmp_path, monkeypa
     message = str(err.value)
     assert "\n" not in message and "slurm-wlm" in message
     if os.geteuid() == 0:
-        assert message == ("apt-get update failed, so slurm-wlm cannot be installed: "
-                           "E: Failed to fetch http://deb.debian.org/ Temporary failure resolving")
+        assert message == (
+            "apt-get update failed, so slurm-wlm cannot be installed: "
+            "E: Failed to fetch http://deb.debian.org/ Temporary failure resolving"
+        )
     else:
         assert "needs root" in message

@@ -29,8 +29,13 @@ print(json.dumps(files))
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_module_a_script_loads_is_in_its_code_inputs(name):
-    result = subprocess.run([sys.executable, "-c", RUNTIME_IMPORTS, str(REPO / "scripts" / name)],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNTIME_IMPORTS, str(REPO / "scripts" / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     loaded = {str(Path(f).resolve().relative_to(REPO)) for f in json.loads(result.stdout.splitlines()[-1])}
     assert loaded, f"{name} loads no kws module at all?"
@@ -40,8 +45,15 @@ def test_every_module_a_script_loads_is_in_its_code_inputs(name):
 def test_function_level_and_relative_imports_are_followed():
     train = imported_files(REPO / "scripts" / "train.py", root=REPO)
     # kws.loss and kws.model are imported inside a function; kws.model imports its parts relatively.
-    for module in ("kws/trainer.py", "kws/loss.py", "kws/distributed.py", "kws/config.py",
-                   "kws/model/__init__.py", "kws/model/backbones.py", "kws/model/classifier.py"):
+    for module in (
+        "kws/trainer.py",
+        "kws/loss.py",
+        "kws/distributed.py",
+        "kws/config.py",
+        "kws/model/__init__.py",
+        "kws/model/backbones.py",
+        "kws/model/classifier.py",
+    ):
         assert module in train
     assert "kws/det.py" not in train and "kws/synth/corpus.py" not in train
 
@@ -86,8 +98,9 @@ def test_no_import_circles_between_kws_modules():
         # `from kws.x import y`: kws.x.y when y is a module, else kws.x (not both: kws.synth's __init__
         # importing kws.synth.corpus is no circle with corpus's `from kws.synth import augment`)
         objects = {name.rpartition(".")[0] for name in names if name not in modules}
-        graph[own] = {name for name in modules if name in objects or not any(
-            other.startswith(name + ".") for other in modules)} - {own}
+        graph[own] = {
+            name for name in modules if name in objects or not any(other.startswith(name + ".") for other in modules)
+        } - {own}
     try:
         TopologicalSorter(graph).prepare()
     except CycleError as err:

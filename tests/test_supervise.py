@@ -96,7 +96,8 @@ def test_exit_status_passes_through_and_every_attempt_log_is_kept(tmp_path):
 
 
 def test_no_command_is_a_one_line_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kws.supervise", "--log", str(tmp_path / "x.log")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "kws.supervise", "--log", str(tmp_path / "x.log")], capture_output=True, text=True
+    )
     assert result.returncode == 1 and result.stderr.startswith("error: no command to run")
     assert not Path(tmp_path / "x.log").exists()

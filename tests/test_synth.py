@@ -76,8 +76,11 @@ def test_a_splits_audio_does_not_depend_on_the_other_splits_sizes():
     def jobs(train_utterances):
         plan, _ = plan_corpus("tiny", SEED, train_utterances=train_utterances)
         assert len(plan["train"]) == (train_utterances or 24)
-        return [({k: v for k, v in chunk.items() if k != "id"}) for chunk in corpus.make_chunks(plan, SEED)
-                if chunk["items"][0]["split"] != "train"]
+        return [
+            ({k: v for k, v in chunk.items() if k != "id"})
+            for chunk in corpus.make_chunks(plan, SEED)
+            if chunk["items"][0]["split"] != "train"
+        ]
 
     assert jobs(None) == jobs(96)
     with pytest.raises(KwsError, match="--train-utterances 0"):
@@ -178,14 +181,35 @@ def test_variants_and_positive_share():
 
 def test_cli(tmp_path):
     out = tmp_path / "cli"
-    run = subprocess.run([sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--size", "tiny",
-                          "--seed", "3", "--threads", "1", "--no-augment"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "scripts/synthesize_corpus.py",
+            "--out-dir",
+            str(out),
+            "--size",
+            "tiny",
+            "--seed",
+            "3",
+            "--threads",
+            "1",
+            "--no-augment",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("synthesised train 24 utts") and "test" in run.stdout
     assert (out / "test" / "wav.scp").exists()
-    bad = subprocess.run([sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--threads", "0"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "scripts/synthesize_corpus.py", "--out-dir", str(out), "--threads", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and bad.stderr.startswith("error: ")
 
 
@@ -210,8 +234,9 @@ def test_default_plan_is_the_one_before_engines_and_phrases(monkeypatch):
     assert digest(make_chunks(before, 666)) == "c86c119294c9ccc9759d3a5e1b981ade2684aafdbbce9a2d6f8c824902c16f35"
     assert digest({s: plan[s] for s in ("train", "dev")}) == digest({s: before[s] for s in ("train", "dev")})
     chunks, old_chunks = make_chunks(plan, 666), make_chunks(before, 666)
-    assert digest([c for c in chunks if c["items"][0]["split"] != "test"]) == \
-        digest([c for c in old_chunks if c["items"][0]["split"] != "test"])
+    assert digest([c for c in chunks if c["items"][0]["split"] != "test"]) == digest(
+        [c for c in old_chunks if c["items"][0]["split"] != "test"]
+    )
     plan, _ = plan_corpus("tiny", SEED)
     assert digest(plan) == "57f3f7bc85f6d6395215c9a50e78fa75ddc2f3e89a727049878570619d7fd539"
 
@@ -227,8 +252,10 @@ def test_each_utterance_records_engine_and_voice(corpora):
             engine, voice = value.split()
             assert engine == "espeak" and (voice == "mixed") == key.endswith("_stream")
             assert voice == "mixed" or voice.split("+")[0] in ("cmn", "cmn-latn-pinyin", "yue") or "en" in voice
-    summary = make_list(root / "a" / "dev", root / "a" / "dict" / "words.txt", data_list=root / "dev.list",
-                        wav_dur=root / "dev.dur")
+    summary = make_list(
+        root / "a" / "dev", root / "a" / "dict" / "words.txt", data_list=root / "dev.list", wav_dur=root / "dev.dur"
+    )
     import json
+
     lines = [json.loads(line) for line in Path(summary["data_list"]).read_text().splitlines()]
     assert all(list(item)[:4] == ["key", "txt", "duration", "wav"] and item["engine"] == "espeak" for item in lines)

@@ -135,8 +135,12 @@ def test_resume_skips_corrupt_checkpoint_and_ends_identical(setup, reference, ca
         assert_same_checkpoint(reference / f"epoch_{epoch:03d}.pt", model_dir / f"epoch_{epoch:03d}.pt")
     info = yaml.safe_load((model_dir / "run_info.yaml").read_text())
     assert info["resumed_from"].endswith("epoch_001.pt") and info["start_epoch"] == 2
-    assert [line.split("\t")[0] for line in (model_dir / "train_log.tsv").read_text().splitlines()] == \
-        ["epoch", "1", "2", "3"]
+    assert [line.split("\t")[0] for line in (model_dir / "train_log.tsv").read_text().splitlines()] == [
+        "epoch",
+        "1",
+        "2",
+        "3",
+    ]
 
 
 def test_killed_run_resumes_bit_identical(setup, reference):
@@ -144,8 +148,13 @@ def test_killed_run_resumes_bit_identical(setup, reference):
     model_dir = setup[0] / "killed"
     argv = train_argv(corpus, config, model_dir, "--threads", "1", "--max_epoch", "3", "--num_workers", "1")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "train.py"), *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (model_dir / "epoch_001.yaml").exists():
@@ -225,8 +234,9 @@ def test_nan_loss_in_training_is_counted_and_too_many_stop(setup, monkeypatch):
 
     monkeypatch.setattr(kws.loss, "criterion", lambda name: lambda *a, **k: (real(*a, **k)[0] * float("inf"), 0.0))
     with pytest.raises(KwsError, match="3 steps in a row with a non-finite gradient"):
-        run_inprocess(setup, setup[0] / "nan_always", "--max_epoch", "1",
-                      "--override", "training_config.max_nonfinite_steps=2")
+        run_inprocess(
+            setup, setup[0] / "nan_always", "--max_epoch", "1", "--override", "training_config.max_nonfinite_steps=2"
+        )
 
 
 def test_ddp_two_gloo_processes(tmp_path):
@@ -234,12 +244,40 @@ def test_ddp_two_gloo_processes(tmp_path):
     corpus = make_corpus(tmp_path / "corpus", num_train=13, num_dev=5)
     config = write_config(tmp_path / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 2})
     model_dir = tmp_path / "ddp"
-    argv = train_argv(corpus, config, model_dir, "--threads", "2", "--max_epoch", "2", "--num_workers", "1",
-                      "--ddp.dist_backend", "gloo", "--timeout", "120")
+    argv = train_argv(
+        corpus,
+        config,
+        model_dir,
+        "--threads",
+        "2",
+        "--max_epoch",
+        "2",
+        "--num_workers",
+        "1",
+        "--ddp.dist_backend",
+        "gloo",
+        "--timeout",
+        "120",
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                             "--nproc_per_node", "2", str(REPO / "scripts" / "train.py"), *argv],
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            str(REPO / "scripts" / "train.py"),
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     info = yaml.safe_load((model_dir / "run_info.yaml").read_text())
     assert info["world_size"] == 2 and info["backend"] == "gloo" and info["threads_per_process"] == 1
@@ -259,8 +297,11 @@ def test_edited_training_code_trains_from_epoch_1(setup, tmp_path):
     code = tmp_path / "code"
     shutil.copytree(REPO / "kws", code / "kws", ignore=shutil.ignore_patterns("__pycache__"))
     model_dir = tmp_path / "model"
-    argv = [sys.executable, str(REPO / "scripts" / "train.py"),
-            *train_argv(corpus, config, model_dir, "--threads", "1", "--max_epoch", "2")]
+    argv = [
+        sys.executable,
+        str(REPO / "scripts" / "train.py"),
+        *train_argv(corpus, config, model_dir, "--threads", "1", "--max_epoch", "2"),
+    ]
     env = dict(os.environ, PYTHONPATH=str(code))
 
     def train(*extra):
@@ -270,8 +311,10 @@ def test_edited_training_code_trains_from_epoch_1(setup, tmp_path):
     before = state(model_dir / "epoch_002.pt")
     assert train().returncode == 0 and "resuming from" in train().stdout  # unchanged code: nothing to redo
     loss = code / "kws" / "loss.py"
-    loss.write_text(loss.read_text() + "\n_halved = max_pooling_loss\n"
-                    "CRITERIA['max_pooling'] = lambda *a, **k: (lambda r: (r[0] / 2, r[1]))(_halved(*a, **k))\n")
+    loss.write_text(
+        loss.read_text() + "\n_halved = max_pooling_loss\n"
+        "CRITERIA['max_pooling'] = lambda *a, **k: (lambda r: (r[0] / 2, r[1]))(_halved(*a, **k))\n"
+    )
     refused = train()
     assert refused.returncode == 1 and "different run (code differs)" in refused.stderr
     retrained = train("--restart_on_change")
@@ -294,14 +337,18 @@ def test_the_configured_clip_bounds_every_step(setup, monkeypatch, tmp_path):
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
-    assert run_inprocess(setup, tmp_path / "clip", "--max_epoch", "1",
-                         "--override", "training_config.grad_clip=0.001") == 0
+    assert (
+        run_inprocess(setup, tmp_path / "clip", "--max_epoch", "1", "--override", "training_config.grad_clip=0.001")
+        == 0
+    )
     assert seen and max(seen) <= 0.001 * (1 + 1e-4)
     assert min(seen) >= 0.001 * (1 - 1e-4)  # every raw norm here is far above 0.001: all were clipped
 
     seen.clear()
-    assert run_inprocess(setup, tmp_path / "loose", "--max_epoch", "1",
-                         "--override", "training_config.grad_clip=1000") == 0
+    assert (
+        run_inprocess(setup, tmp_path / "loose", "--max_epoch", "1", "--override", "training_config.grad_clip=1000")
+        == 0
+    )
     assert seen and max(seen) > 1  # norms below the clip pass through as they are
 
 

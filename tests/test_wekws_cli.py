@@ -28,18 +28,36 @@ def wekws_command(gpus):
     """run.sh stage 2 (`torchrun ... wekws/bin/train.py --gpus $gpus ...`), kwsflow's script in its place."""
     nproc = len(gpus.split(","))
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={nproc}",
-        str(REPO / "scripts" / "train.py"), "--gpus", gpus,
-        "--config", "conf/ds_tcn.yaml",
-        "--train_data", "data/train/data.list",
-        "--cv_data", "data/dev/data.list",
-        "--model_dir", "exp/ds_tcn",
-        "--num_workers", "8",
-        "--num_keywords", "2",
-        "--min_duration", "50",
-        "--seed", "666",
-        "--dict", "./dict",
-        "--cmvn_file", "data/train/global_cmvn", "--norm_var",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        str(REPO / "scripts" / "train.py"),
+        "--gpus",
+        gpus,
+        "--config",
+        "conf/ds_tcn.yaml",
+        "--train_data",
+        "data/train/data.list",
+        "--cv_data",
+        "data/dev/data.list",
+        "--model_dir",
+        "exp/ds_tcn",
+        "--num_workers",
+        "8",
+        "--num_keywords",
+        "2",
+        "--min_duration",
+        "50",
+        "--seed",
+        "666",
+        "--dict",
+        "./dict",
+        "--cmvn_file",
+        "data/train/global_cmvn",
+        "--norm_var",
     ]
 
 
@@ -94,9 +112,22 @@ def test_dict_is_checked_against_num_keywords(recipe, tmp_path):
     three = tmp_path / "dict"
     three.mkdir()
     (three / "dict.txt").write_text("<FILLER> -1\n<A> 0\n<B> 1\n<C> 2\n")
-    argv = ["--config", str(recipe / "conf" / "ds_tcn.yaml"), "--train_data", str(recipe / "data/train/data.list"),
-            "--cv_data", str(recipe / "data/dev/data.list"), "--model_dir", str(tmp_path / "exp"),
-            "--num_keywords", "2", "--threads", "1", "--dict", str(three)]
+    argv = [
+        "--config",
+        str(recipe / "conf" / "ds_tcn.yaml"),
+        "--train_data",
+        str(recipe / "data/train/data.list"),
+        "--cv_data",
+        str(recipe / "data/dev/data.list"),
+        "--model_dir",
+        str(tmp_path / "exp"),
+        "--num_keywords",
+        "2",
+        "--threads",
+        "1",
+        "--dict",
+        str(three),
+    ]
     with pytest.raises(KwsError, match=r"dict\.txt: lists 3 keyword\(s\) but --num_keywords is 2$"):
         train_main(argv)
     # A token list needs the dictionary that maps its tokens to keyword ids.

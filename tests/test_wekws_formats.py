@@ -46,8 +46,10 @@ def scored(tmp_path_factory):
     dim = TINY_CONFIG["dataset_conf"]["fbank_conf"]["num_mel_bins"]
     torch.manual_seed(0)
     model = build_model(TINY_CONFIG["model"], dim, 2, None)
-    torch.save({"model": model.state_dict(), "config": TINY_CONFIG, "num_keywords": 2, "input_dim": dim,
-                "epoch": "avg"}, root / "avg.pt")
+    torch.save(
+        {"model": model.state_dict(), "config": TINY_CONFIG, "num_keywords": 2, "input_dim": dim, "epoch": "avg"},
+        root / "avg.pt",
+    )
     score(root / "avg.pt", root / "test" / "data.list", words, root / "score.txt", device="cpu")
     compute_det(root / "score.txt", root / "test" / "data.list", words, root / "det", window_shift=5)
     return root
@@ -84,11 +86,17 @@ def _to_old_generation(scored, out):
 def test_older_integer_lists_and_scores_give_the_same_results(scored, tmp_path):
     _to_old_generation(scored, tmp_path / "old")
     assert '"txt": 0' in (tmp_path / "old" / "data.list").read_text()
-    compute_det(tmp_path / "old" / "score.txt", tmp_path / "old" / "data.list", scored / "dict" / "words.txt",
-                tmp_path / "det", window_shift=5)
+    compute_det(
+        tmp_path / "old" / "score.txt",
+        tmp_path / "old" / "data.list",
+        scored / "dict" / "words.txt",
+        tmp_path / "det",
+        window_shift=5,
+    )
     for token in ("<HI_XIAOWEN>", "<NIHAO_WENWEN>"):
-        assert ((tmp_path / "det" / "det" / stats_name(token)).read_text()
-                == (scored / "det" / "det" / stats_name(token)).read_text())
+        assert (tmp_path / "det" / "det" / stats_name(token)).read_text() == (
+            scored / "det" / "det" / stats_name(token)
+        ).read_text()
 
 
 def test_training_reads_both_generations_to_the_same_labels(scored, tmp_path):
@@ -97,24 +105,35 @@ def test_training_reads_both_generations_to_the_same_labels(scored, tmp_path):
     conf = {"fbank_conf": {"num_mel_bins": 16}, "batch_conf": {"batch_size": 64}}
 
     def labels(data_list, dictionary):
-        return [(k, t) for keys, _, _, targets in KwsDataset(data_list, conf, rank=0, world_size=1,
-                                                           dictionary=dictionary)
-                for k, t in zip(keys, targets.tolist())]
+        return [
+            (k, t)
+            for keys, _, _, targets in KwsDataset(data_list, conf, rank=0, world_size=1, dictionary=dictionary)
+            for k, t in zip(keys, targets.tolist())
+        ]
 
     new = labels(scored / "test" / "data.list", dictionary)
     assert sorted(t for _, t in new) == [-1, -1, -1, -1, 0, 0, 0, 0, 1, 1, 1, 1]
     assert labels(tmp_path / "old" / "data.list", None) == new
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"key": "a", "txt": "<HELLO>", "duration": 1, "wav": "a.wav"}'],
-     r"data\.list:1: txt '<HELLO>' is not a token of the dictionary$"),
-    (['{"key": "a", "txt": 0, "duration": 1, "wav": "a.wav"}',
-      '{"key": "b", "txt": "<YO>", "duration": 1, "wav": "b"}'],
-     r"data\.list:2: txt is a token but line 1 has an integer keyword id"),
-    (['{"key": "a", "txt": "", "duration": 1, "wav": "a.wav"}'], r"data\.list:1: txt must be a keyword token"),
-    (['{"key": "a", "txt": 2, "duration": 1, "wav": "a.wav"}'], r"data\.list:1: label 2 is not a keyword id"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            ['{"key": "a", "txt": "<HELLO>", "duration": 1, "wav": "a.wav"}'],
+            r"data\.list:1: txt '<HELLO>' is not a token of the dictionary$",
+        ),
+        (
+            [
+                '{"key": "a", "txt": 0, "duration": 1, "wav": "a.wav"}',
+                '{"key": "b", "txt": "<YO>", "duration": 1, "wav": "b"}',
+            ],
+            r"data\.list:2: txt is a token but line 1 has an integer keyword id",
+        ),
+        (['{"key": "a", "txt": "", "duration": 1, "wav": "a.wav"}'], r"data\.list:1: txt must be a keyword token"),
+        (['{"key": "a", "txt": 2, "duration": 1, "wav": "a.wav"}'], r"data\.list:1: label 2 is not a keyword id"),
+    ],
+)
 def test_bad_labels_name_the_line(tmp_path, lines, message):
     (tmp_path / "data.list").write_text("\n".join(lines) + "\n")
     with pytest.raises(KwsError, match=message):
@@ -135,38 +154,77 @@ _WEKWS_DATA = {
     "shuffle_conf": {"shuffle_size": 1500},
     "batch_conf": {"batch_size": 256},
 }
-_OLD_FEATURES = {"feature_extraction_conf": {"feature_type": "fbank", "num_mel_bins": 40, "frame_shift": 10,
-                                             "frame_length": 25, "dither": 1.0}}
+_OLD_FEATURES = {
+    "feature_extraction_conf": {
+        "feature_type": "fbank",
+        "num_mel_bins": 40,
+        "frame_shift": 10,
+        "frame_length": 25,
+        "dither": 1.0,
+    }
+}
 WEKWS_CONFS = {
     "ds_tcn": {
-        "dataset_conf": {**_WEKWS_DATA, "feats_type": "fbank", "sort": False,
-                         "fbank_conf": {"num_mel_bins": 40, "frame_shift": 10, "frame_length": 25, "dither": 1.0}},
-        "model": {"hidden_dim": 256, "preprocessing": {"type": "linear"},
-                  "backbone": {"type": "tcn", "ds": True, "num_layers": 4, "kernel_size": 8, "dropout": 0.1}},
-        "optim": "adam", "optim_conf": {"lr": 0.001, "weight_decay": 0.0001},
+        "dataset_conf": {
+            **_WEKWS_DATA,
+            "feats_type": "fbank",
+            "sort": False,
+            "fbank_conf": {"num_mel_bins": 40, "frame_shift": 10, "frame_length": 25, "dither": 1.0},
+        },
+        "model": {
+            "hidden_dim": 256,
+            "preprocessing": {"type": "linear"},
+            "backbone": {"type": "tcn", "ds": True, "num_layers": 4, "kernel_size": 8, "dropout": 0.1},
+        },
+        "optim": "adam",
+        "optim_conf": {"lr": 0.001, "weight_decay": 0.0001},
         "training_config": {"grad_clip": 5, "max_epoch": 80, "log_interval": 10},
     },
     "tcn": {
         "dataset_conf": {**_WEKWS_DATA, **_OLD_FEATURES, "spec_aug": False},
-        "model": {"hidden_dim": 64, "preprocessing": {"type": "linear"},
-                  "backbone": {"type": "tcn", "ds": False, "num_layers": 4, "kernel_size": 8, "dropout": 0.1}},
-        "optim": "adam", "optim_conf": {"lr": 0.001, "weight_decay": 0.0001},
+        "model": {
+            "hidden_dim": 64,
+            "preprocessing": {"type": "linear"},
+            "backbone": {"type": "tcn", "ds": False, "num_layers": 4, "kernel_size": 8, "dropout": 0.1},
+        },
+        "optim": "adam",
+        "optim_conf": {"lr": 0.001, "weight_decay": 0.0001},
         "training_config": {"grad_clip": 5, "max_epoch": 80, "log_interval": 10},
     },
     "gru": {
         "dataset_conf": {**_WEKWS_DATA, **_OLD_FEATURES, "spec_aug": False},
         "model": {"hidden_dim": 128, "preprocessing": {"type": "linear"}, "backbone": {"type": "gru", "num_layers": 2}},
-        "optim": "adam", "optim_conf": {"lr": 0.001},
+        "optim": "adam",
+        "optim_conf": {"lr": 0.001},
         "training_config": {"grad_clip": 5, "max_epoch": 80, "log_interval": 10},
     },
     "mdtc": {
-        "dataset_conf": {**_WEKWS_DATA, "feature_dither": 0.0,
-                         "feature_extraction_conf": {"feature_type": "mfcc", "num_ceps": 80, "num_mel_bins": 80,
-                                                     "frame_shift": 10, "frame_length": 25, "dither": 1.0}},
-        "model": {"hidden_dim": 64, "preprocessing": {"type": "linear"},
-                  "backbone": {"type": "mdtc", "num_stack": 4, "stack_size": 4, "kernel_size": 5, "hidden_dim": 64,
-                               "causal": True}},
-        "optim": "adam", "optim_conf": {"lr": 0.001},
+        "dataset_conf": {
+            **_WEKWS_DATA,
+            "feature_dither": 0.0,
+            "feature_extraction_conf": {
+                "feature_type": "mfcc",
+                "num_ceps": 80,
+                "num_mel_bins": 80,
+                "frame_shift": 10,
+                "frame_length": 25,
+                "dither": 1.0,
+            },
+        },
+        "model": {
+            "hidden_dim": 64,
+            "preprocessing": {"type": "linear"},
+            "backbone": {
+                "type": "mdtc",
+                "num_stack": 4,
+                "stack_size": 4,
+                "kernel_size": 5,
+                "hidden_dim": 64,
+                "causal": True,
+            },
+        },
+        "optim": "adam",
+        "optim_conf": {"lr": 0.001},
         "training_config": {"grad_clip": 5, "max_epoch": 100, "log_interval": 10},
     },
 }
@@ -187,8 +245,10 @@ def test_kwsflow_loads_wekws_confs(name, tmp_path):
         conf["dataset_conf"]["feature_extraction_conf"]["feature_type"] = "fbank"
     loaded = load_model_config(_write(tmp_path / f"{name}.yaml", conf))
     dim = input_dim_of(loaded["dataset_conf"])
-    assert dim == conf["dataset_conf"].get("fbank_conf", conf["dataset_conf"].get("feature_extraction_conf"))[
-        "num_mel_bins"]
+    assert (
+        dim
+        == conf["dataset_conf"].get("fbank_conf", conf["dataset_conf"].get("feature_extraction_conf"))["num_mel_bins"]
+    )
     assert loaded["dataset_conf"]["fbank_conf"]["dither"] == 1.0
     model = build_model(loaded["model"], dim, 2, None)
     assert model.num_keywords == 2
@@ -207,14 +267,21 @@ def test_kwsflow_loads_wekws_confs(name, tmp_path):
 
 def _kwsflow_reads(conf):
     """kwsflow's reading of the same settings as wekws_reads_config."""
+
     class NoAudio:  # the settings are read without any audio
         row, lengths = {"k": 0}, np.array([16000])
 
-    data = KwsDataset("unused", conf["dataset_conf"], items=[{"key": "k", "label": 0}], rank=0, world_size=1,
-                      store=NoAudio())
+    data = KwsDataset(
+        "unused", conf["dataset_conf"], items=[{"key": "k", "label": 0}], rank=0, world_size=1, store=NoAudio()
+    )
     features = Featurizer(conf["dataset_conf"])
-    seen = {"shuffle": data.shuffle, "sort": data.sort, "spec_aug": features.spec_aug,
-            "batch_size": data.batch_size, "num_mel_bins": data.fbank_conf["num_mel_bins"]}
+    seen = {
+        "shuffle": data.shuffle,
+        "sort": data.sort,
+        "spec_aug": features.spec_aug,
+        "batch_size": data.batch_size,
+        "num_mel_bins": data.fbank_conf["num_mel_bins"],
+    }
     if data.sort:
         seen["sort_size"] = data.sort_size
     if features.spec_aug:
@@ -258,9 +325,24 @@ def test_older_kwsflow_classifier_loads_as_the_same_model(tmp_path):
 def test_experiment_config_the_workflow_writes_is_a_wekws_config(tmp_path):
     experiment = {"model": "config/models/ds_tcn_small.yaml", "overrides": {"training_config.max_epoch": 3}}
     out = tmp_path / "config.yaml"
-    result = subprocess.run([sys.executable, "scripts/resolve_config.py", "--model-config", experiment["model"],
-                             "--experiment", json.dumps(experiment), "--pipeline", json.dumps({"train": {"seed": 1}}),
-                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/resolve_config.py",
+            "--model-config",
+            experiment["model"],
+            "--experiment",
+            json.dumps(experiment),
+            "--pipeline",
+            json.dumps({"train": {"seed": 1}}),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(out.read_text())
     assert wekws_reads_config(resolved)["max_epoch"] == 3

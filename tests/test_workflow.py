@@ -83,8 +83,9 @@ def readme_section(title):
 def test_documented_ways_to_set_a_key_inside_a_section_work(tmp_path):
     config = with_changes(**{"corpus/seed": 7})
     make_workdir(tmp_path, config)
-    commands = [line for line in readme_section("Changing settings for one run").splitlines()
-                if line.startswith("snakemake ")]
+    commands = [
+        line for line in readme_section("Changing settings for one run").splitlines() if line.startswith("snakemake ")
+    ]
     assert len(commands) == 2 and {"--config", "--configfile"} <= {w for c in commands for w in shlex.split(c)}
     for command in commands:
         command, _, comment = command.partition("#")
@@ -95,8 +96,11 @@ def test_documented_ways_to_set_a_key_inside_a_section_work(tmp_path):
         assert result.returncode == 0, command + result.stderr[-3000:]
         assert "prepare_corpus.py --corpus mobvoi --root /data/mobvoi " in result.stdout, command
         # merged, not replaced: the corpus keys not named keep the config file's values
-        pipeline = next(line for line in result.stdout.splitlines() if "resolve_config.py" in line
-                        and line.startswith("Shell command:"))
+        pipeline = next(
+            line
+            for line in result.stdout.splitlines()
+            if "resolve_config.py" in line and line.startswith("Shell command:")
+        )
         assert '"seed": 7' in pipeline and '"name": "mobvoi"' in pipeline, pipeline
 
 
@@ -106,8 +110,9 @@ def test_dotted_config_key_fails_as_documented_before_anything_is_written(tmp_pa
     make_workdir(tmp_path)
     result = snakemake(tmp_path, "-n", "--config", "corpus.name=mobvoi")
     assert result.returncode != 0
-    documented = next(line for line in readme_section("Changing settings for one run").splitlines()
-                      if line.startswith("ValueError:"))
+    documented = next(
+        line for line in readme_section("Changing settings for one run").splitlines() if line.startswith("ValueError:")
+    )
     assert documented in (result.stdout + result.stderr).splitlines()
     assert not (tmp_path / "results").exists()
 
@@ -120,16 +125,25 @@ def test_default_training_command_passes_preflight_on_two_cpus(tmp_path, monkeyp
     make_workdir(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
     result = snakemake(tmp_path, "-n", "--printshellcmds", "--cores", "2")
     assert result.returncode == 0, result.stderr[-3000:]
-    line = next(line for line in result.stdout.splitlines()
-                if line.startswith("Shell command:") and "scripts/train.py" in line)
+    line = next(
+        line for line in result.stdout.splitlines() if line.startswith("Shell command:") and "scripts/train.py" in line
+    )
     words = shlex.split(line.removeprefix("Shell command:"))
     start = next(i for i, word in enumerate(words) if word.endswith("scripts/train.py")) + 1
-    args = build_parser().parse_args(words[start:words.index(">")] if ">" in words else words[start:])
+    args = build_parser().parse_args(words[start : words.index(">")] if ">" in words else words[start:])
     monkeypatch.chdir(tmp_path)  # the model config's path is relative to the working directory
-    report = run_preflight({"gpus": args.gpus, "nproc_per_node": int(words[words.index("--nproc_per_node") + 1]),
-                            "config": resolve_config(args), "num_workers": args.num_workers,
-                            "threads": args.threads, "dist_backend": args.dist_backend},
-                           cuda=CudaInfo.fake(0), check_port_free=False)
+    report = run_preflight(
+        {
+            "gpus": args.gpus,
+            "nproc_per_node": int(words[words.index("--nproc_per_node") + 1]),
+            "config": resolve_config(args),
+            "num_workers": args.num_workers,
+            "threads": args.threads,
+            "dist_backend": args.dist_backend,
+        },
+        cuda=CudaInfo.fake(0),
+        check_port_free=False,
+    )
     assert report.cpus == 2 and list(report) == []
 
 
@@ -164,7 +178,10 @@ def test_test_config_plans_the_tiny_pipeline():
     checkout itself: its config/config.yaml is found, its model path resolves, every stage is planned."""
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--directory", ".test", "--cores", "2", "-n", "--forceall"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     jobs = planned_jobs(result)

@@ -19,6 +19,7 @@ from kws.model.cmvn import GlobalCMVN, cmvn_mean_istd
 
 __all__ = ["KWSModel", "build_model", "count_parameters", "GlobalCMVN", "cmvn_mean_istd"]
 
+
 class KWSModel(nn.Module):
     """global_cmvn -> preprocessing -> backbone -> classifier; outputs per-frame logits."""
 
@@ -32,8 +33,7 @@ class KWSModel(nn.Module):
         self.classifier = classifier
 
     @torch.jit.export
-    def init_cache(self, batch_size: int, device: Optional[torch.device] = None,
-                   dtype: Optional[torch.dtype] = None):
+    def init_cache(self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None):
         """The zero cache (start of a stream) as one tensor; its shape depends on the backbone."""
         ref = self.global_cmvn.mean
         if device is None:
@@ -113,27 +113,34 @@ def build_model(model_conf, input_dim, num_keywords, cmvn=None):
         raise KwsError(f"{where}: expected a mapping, got {bconf!r}")
     btype = bconf["type"]
     if btype in ("tcn", "gru") and backbone_in != hidden_dim:
-        raise KwsError(f"model.preprocessing.type: backbone {btype!r} needs preprocessing 'linear' "
-                       f"when input_dim ({input_dim}) != hidden_dim ({hidden_dim})")
+        raise KwsError(
+            f"model.preprocessing.type: backbone {btype!r} needs preprocessing 'linear' "
+            f"when input_dim ({input_dim}) != hidden_dim ({hidden_dim})"
+        )
     if btype == "tcn":
-        backbone = TCN(hidden_dim,
-                       num_layers=_positive_int(bconf, "num_layers", where),
-                       kernel_size=_positive_int(bconf, "kernel_size", where),
-                       dropout=_dropout(bconf, "dropout", where),
-                       ds=bool(bconf["ds"]))
+        backbone = TCN(
+            hidden_dim,
+            num_layers=_positive_int(bconf, "num_layers", where),
+            kernel_size=_positive_int(bconf, "kernel_size", where),
+            dropout=_dropout(bconf, "dropout", where),
+            ds=bool(bconf["ds"]),
+        )
     elif btype == "mdtc":
         if not bconf["causal"]:
             raise KwsError(f"{where}.causal: only causal (streaming) MDTC is supported")
-        backbone = MDTC(backbone_in,
-                        hidden_dim=_positive_int(bconf, "hidden_dim", where),
-                        stack_num=_positive_int(bconf, "num_stack", where),
-                        stack_size=_positive_int(bconf, "stack_size", where),
-                        kernel_size=_positive_int(bconf, "kernel_size", where))
+        backbone = MDTC(
+            backbone_in,
+            hidden_dim=_positive_int(bconf, "hidden_dim", where),
+            stack_num=_positive_int(bconf, "num_stack", where),
+            stack_size=_positive_int(bconf, "stack_size", where),
+            kernel_size=_positive_int(bconf, "kernel_size", where),
+        )
     else:
-        backbone = GRU(hidden_dim,
-                       num_layers=_positive_int(bconf, "num_layers", where),
-                       dropout=_dropout(bconf, "dropout", where))
+        backbone = GRU(
+            hidden_dim, num_layers=_positive_int(bconf, "num_layers", where), dropout=_dropout(bconf, "dropout", where)
+        )
 
-    classifier = LinearClassifier(backbone.output_dim, num_keywords,
-                                  dropout=_dropout(model_conf, "classifier_dropout", "model", 0.0))
+    classifier = LinearClassifier(
+        backbone.output_dim, num_keywords, dropout=_dropout(model_conf, "classifier_dropout", "model", 0.0)
+    )
     return KWSModel(input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier)

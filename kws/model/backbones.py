@@ -19,7 +19,7 @@ def _with_context(x, cache):
     """Prepend cached left context [B, C, P] to x [B, C, T]; return (padded, new_cache [B, C, P])."""
     padded = torch.cat((cache, x), dim=2)
     context = cache.size(2)
-    return padded, padded[:, :, padded.size(2) - context:]
+    return padded, padded[:, :, padded.size(2) - context :]
 
 
 class CnnBlock(nn.Module):
@@ -83,12 +83,10 @@ class TCN(nn.Module):
         super().__init__()
         block = DsCnnBlock if ds else CnnBlock
         self.input_dim = self.output_dim = hidden_dim
-        self.network = nn.ModuleList(
-            block(hidden_dim, kernel_size, 2 ** i, dropout) for i in range(num_layers))
+        self.network = nn.ModuleList(block(hidden_dim, kernel_size, 2**i, dropout) for i in range(num_layers))
         self.cache_frames = sum(b.context for b in self.network)
 
-    def init_cache(self, batch_size: int, device: Optional[torch.device] = None,
-                   dtype: Optional[torch.dtype] = None):
+    def init_cache(self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None):
         return torch.zeros(batch_size, self.output_dim, self.cache_frames, device=device, dtype=dtype)
 
     def forward(self, x, cache: Optional[torch.Tensor] = None):
@@ -97,7 +95,7 @@ class TCN(nn.Module):
         x = x.transpose(1, 2)
         new_caches, offset = [], 0
         for block in self.network:
-            x, c = block(x, cache[:, :, offset:offset + block.context])
+            x, c = block(x, cache[:, :, offset : offset + block.context])
             new_caches.append(c)
             offset += block.context
         if self.training and x.requires_grad and not torch.jit.is_scripting():
@@ -149,13 +147,12 @@ class MDTC(nn.Module):
         # blocks[0] is the input block; then stack_num stacks of stack_size blocks, flattened.
         blocks = [MdtcBlock(input_dim, hidden_dim, kernel_size, 1)]
         for _ in range(stack_num):
-            blocks.extend(MdtcBlock(hidden_dim, hidden_dim, kernel_size, 2 ** i) for i in range(stack_size))
+            blocks.extend(MdtcBlock(hidden_dim, hidden_dim, kernel_size, 2**i) for i in range(stack_size))
         self.blocks = nn.ModuleList(blocks)
         self.cache_channels = max(input_dim, hidden_dim)
         self.cache_frames = sum(b.context for b in self.blocks)
 
-    def init_cache(self, batch_size: int, device: Optional[torch.device] = None,
-                   dtype: Optional[torch.dtype] = None):
+    def init_cache(self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None):
         return torch.zeros(batch_size, self.cache_channels, self.cache_frames, device=device, dtype=dtype)
 
     def forward(self, x, cache: Optional[torch.Tensor] = None):
@@ -166,13 +163,13 @@ class MDTC(nn.Module):
         total = x.new_zeros((x.size(0), self.output_dim, x.size(2)))
         offset = 0
         for i, block in enumerate(self.blocks):
-            x, c_out = block(x, cache[:, :block.in_channels, offset:offset + block.context])
+            x, c_out = block(x, cache[:, : block.in_channels, offset : offset + block.context])
             offset += block.context
             missing = self.cache_channels - block.in_channels
             if missing > 0:
                 c_out = torch.cat((c_out, c_out.new_zeros((c_out.size(0), missing, c_out.size(2)))), dim=1)
             new_caches.append(c_out)
-            if i > 0 and i % self.stack_size == 0:      # the last block of a stack
+            if i > 0 and i % self.stack_size == 0:  # the last block of a stack
                 total = total + x
         if self.training and total.requires_grad and not torch.jit.is_scripting():
             total = _contiguous_grad(total)
@@ -186,11 +183,15 @@ class GRU(nn.Module):
         super().__init__()
         self.input_dim = self.output_dim = hidden_dim
         self.num_layers = num_layers
-        self.gru = nn.GRU(hidden_dim, hidden_dim, num_layers=num_layers, batch_first=True,
-                          dropout=float(dropout) if num_layers > 1 else 0.0)
+        self.gru = nn.GRU(
+            hidden_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            batch_first=True,
+            dropout=float(dropout) if num_layers > 1 else 0.0,
+        )
 
-    def init_cache(self, batch_size: int, device: Optional[torch.device] = None,
-                   dtype: Optional[torch.dtype] = None):
+    def init_cache(self, batch_size: int, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None):
         return torch.zeros(batch_size, self.num_layers, self.output_dim, device=device, dtype=dtype)
 
     def forward(self, x, cache: Optional[torch.Tensor] = None):

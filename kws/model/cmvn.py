@@ -24,8 +24,7 @@ def cmvn_mean_istd(cmvn, dim=None):
     sums = torch.as_tensor(cmvn["mean_stat"], dtype=torch.float64).reshape(-1)
     sumsq = torch.as_tensor(cmvn["var_stat"], dtype=torch.float64).reshape(-1)
     if sums.numel() != sumsq.numel():
-        raise KwsError(
-            f"global_cmvn: mean_stat has {sums.numel()} values but var_stat has {sumsq.numel()}")
+        raise KwsError(f"global_cmvn: mean_stat has {sums.numel()} values but var_stat has {sumsq.numel()}")
     if dim is not None and sums.numel() != dim:
         raise KwsError(f"global_cmvn: statistics are {sums.numel()}-dimensional but the features are {dim}-dimensional")
     mean = sums / frames

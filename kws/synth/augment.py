@@ -39,7 +39,7 @@ def resample(samples, orig_rate, new_rate, block=1 << 16):
     for start in range(0, n_out, block):
         n = np.arange(start, min(start + block, n_out), dtype=np.int64) * down
         base, phase = n // up, n % up
-        out[start:start + len(n)] = np.einsum("nk,nk->n", padded[base[:, None] + offsets[None, :]], table[phase])
+        out[start : start + len(n)] = np.einsum("nk,nk->n", padded[base[:, None] + offsets[None, :]], table[phase])
     return out.astype(np.float32)
 
 
@@ -55,7 +55,7 @@ def trim_silence(x, rate, threshold=0.01, margin=0.02):
     if len(loud) == 0:
         return x[:0]
     pad = int(margin * rate)
-    return x[max(0, loud[0] - pad):loud[-1] + pad + 1]
+    return x[max(0, loud[0] - pad) : loud[-1] + pad + 1]
 
 
 def rms(x):
@@ -95,8 +95,10 @@ def make_noise(rng, kind, n, rate, babble_sources=()):
     if kind == "hum":
         t = np.arange(n) / rate
         base = rng.choice([50.0, 60.0]) * rng.uniform(0.98, 1.02)
-        hum = sum(rng.uniform(0.1, 1.0) / h * np.sin(2 * np.pi * base * h * t + rng.uniform(0, 2 * np.pi))
-                  for h in range(1, 8))
+        hum = sum(
+            rng.uniform(0.1, 1.0) / h * np.sin(2 * np.pi * base * h * t + rng.uniform(0, 2 * np.pi))
+            for h in range(1, 8)
+        )
         hum = hum + 0.05 * rng.standard_normal(n)
         return (hum / rms(hum)).astype(np.float32)
     if kind == "babble":
@@ -109,7 +111,7 @@ def make_noise(rng, kind, n, rate, babble_sources=()):
             reps = -(-(n + len(src)) // len(src))
             tiled = np.tile(src, reps)
             start = int(rng.integers(len(src)))
-            mix += tiled[start:start + n] * rng.uniform(0.5, 1.0)
+            mix += tiled[start : start + n] * rng.uniform(0.5, 1.0)
         level = rms(mix)
         return mix / level if level > 0 else mix
     raise ValueError(f"unknown noise type {kind!r}")
@@ -118,7 +120,7 @@ def make_noise(rng, kind, n, rate, babble_sources=()):
 def add_noise(x, noise, snr_db, speech_rms):
     """Add unit-RMS `noise` at `snr_db` relative to `speech_rms` (the level of the speech itself)."""
     scale = speech_rms / (10 ** (snr_db / 20)) if speech_rms > 0 else 1e-3
-    return (x + scale * noise[:len(x)]).astype(np.float32)
+    return (x + scale * noise[: len(x)]).astype(np.float32)
 
 
 def reverberate(x, rng, rate, rt60):
@@ -128,11 +130,11 @@ def reverberate(x, rng, rate, rt60):
     ir = rng.standard_normal(length) * np.exp(-6.9078 * t / rt60)  # -60 dB at rt60
     predelay = int(rng.uniform(0.002, 0.02) * rate)
     ir[:predelay] = 0.0
-    ir *= rng.uniform(0.3, 1.0) / max(np.sqrt(np.sum(ir ** 2)), 1e-9)
+    ir *= rng.uniform(0.3, 1.0) / max(np.sqrt(np.sum(ir**2)), 1e-9)
     ir[0] = 1.0
     n = len(x) + length - 1
     size = 1 << (n - 1).bit_length()
-    wet = np.fft.irfft(np.fft.rfft(x, size) * np.fft.rfft(ir, size), size)[:len(x)]
+    wet = np.fft.irfft(np.fft.rfft(x, size) * np.fft.rfft(ir, size), size)[: len(x)]
     before, after = rms(x), rms(wet)
     return (wet * (before / after) if after > 0 else wet).astype(np.float32)
 
@@ -165,13 +167,13 @@ def time_stretch(x, rate, factor, frame_s=0.03, tolerance_s=0.01):
         target = tol + int(k * hop_out / factor)
         if k:
             # the frame that best continues the previous one (waveform similarity), near its nominal place
-            natural = src[previous + hop_out:previous + hop_out + size]
-            region = src[target - tol:target + tol + size]
+            natural = src[previous + hop_out : previous + hop_out + size]
+            region = src[target - tol : target + tol + size]
             best = target - tol + int(np.argmax(np.correlate(region, natural, "valid")))
         else:
             best = target
-        out[k * hop_out:k * hop_out + size] += src[best:best + size] * window
-        norm[k * hop_out:k * hop_out + size] += window
+        out[k * hop_out : k * hop_out + size] += src[best : best + size] * window
+        norm[k * hop_out : k * hop_out + size] += window
         previous = best
     return (out / np.maximum(norm, 1e-3))[:n_out].astype(np.float32)
 
@@ -187,8 +189,8 @@ def _istft(spec, window, hop, length):
     out = np.zeros(len(frames) * hop + size)
     norm = np.zeros_like(out)
     for i, frame in enumerate(frames):
-        out[i * hop:i * hop + size] += frame
-        norm[i * hop:i * hop + size] += window ** 2
+        out[i * hop : i * hop + size] += frame
+        norm[i * hop : i * hop + size] += window**2
     return (out / np.maximum(norm, 1e-3))[:length]
 
 
@@ -205,7 +207,7 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30):
     if formant != 1.0:
         log_mag = np.log(np.maximum(np.abs(spec), 1e-9))
         cep = np.fft.irfft(log_mag, size, axis=1)
-        cep[:, lifter:size - lifter + 1] = 0.0
+        cep[:, lifter : size - lifter + 1] = 0.0
         envelope = np.fft.rfft(cep, size, axis=1).real
         bins = np.arange(len(freqs))
         warped = np.stack([np.interp(bins / formant, bins, row) for row in envelope])
@@ -246,7 +248,7 @@ def jitter_gaps(x, rate, rng, low=0.4, high=2.5, min_gap_s=0.03, floor_db=-35.0)
     n = len(x) // hop
     if n < 3:
         return x
-    energy = np.square(x[:n * hop].astype(np.float64)).reshape(n, hop).mean(axis=1)
+    energy = np.square(x[: n * hop].astype(np.float64)).reshape(n, hop).mean(axis=1)
     quiet = energy < energy.max() * 10 ** (floor_db / 10)
     loud = np.flatnonzero(~quiet)
     if len(loud) == 0:

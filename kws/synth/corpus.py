@@ -46,8 +46,7 @@ BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
 class CorpusSpec(dict):
     """What a synthetic corpus says and who says it (the config's corpus section, checked)."""
 
-    def __init__(self, language="cmn", keywords=(), engines=("espeak",), heldout_engine=None,
-                 speaker_augment=()):
+    def __init__(self, language="cmn", keywords=(), engines=("espeak",), heldout_engine=None, speaker_augment=()):
         from kws.synth.augment import SPEAKER_TRANSFORMS
         from kws.synth.engines import ENGINES, check_engine, speaks
 
@@ -57,16 +56,23 @@ class CorpusSpec(dict):
         for engine in engines + ([heldout_engine] if heldout_engine else []):
             check_engine(engine)
         if heldout_engine in engines:
-            raise KwsError(f"corpus.heldout_engine: {heldout_engine} is also in corpus.engines; a held-out "
-                           f"engine must not train")
+            raise KwsError(
+                f"corpus.heldout_engine: {heldout_engine} is also in corpus.engines; a held-out engine must not train"
+            )
         if heldout_engine and not speaks(heldout_engine, language):
             raise KwsError(f"corpus.heldout_engine: {heldout_engine} does not speak corpus.language {language!r}")
         for name in speaker_augment:
             if name not in SPEAKER_TRANSFORMS:
-                raise KwsError(f"corpus.speaker_augment: unknown transform {name!r} "
-                               f"(choose from {', '.join(SPEAKER_TRANSFORMS)})")
-        super().__init__(language=language, keywords=list(keywords), engines=engines,
-                         heldout_engine=heldout_engine, speaker_augment=list(speaker_augment))
+                raise KwsError(
+                    f"corpus.speaker_augment: unknown transform {name!r} (choose from {', '.join(SPEAKER_TRANSFORMS)})"
+                )
+        super().__init__(
+            language=language,
+            keywords=list(keywords),
+            engines=engines,
+            heldout_engine=heldout_engine,
+            speaker_augment=list(speaker_augment),
+        )
         assert set(engines) <= set(ENGINES)
 
     @property
@@ -78,7 +84,7 @@ def _counts(total, shares, positives):
     """Largest-remainder allocation of `total` over `shares`, at least one of each keyword."""
     raw = {kind: total * share / sum(shares.values()) for kind, share in shares.items()}
     counts = {kind: int(value) for kind, value in raw.items()}
-    for kind in sorted(raw, key=lambda k: counts[k] - raw[k])[:total - sum(counts.values())]:
+    for kind in sorted(raw, key=lambda k: counts[k] - raw[k])[: total - sum(counts.values())]:
         counts[kind] += 1
     for kind in positives:
         if kind in counts and counts[kind] == 0 and total >= 2 * len(positives):
@@ -107,14 +113,20 @@ def split_voices(seed, engines=("espeak",), heldout_engine=None):
             random.Random(f"voices-{seed}").shuffle(variants)
             n_dev = max(2, round(len(variants) * VOICE_SHARE["dev"]))
             n_test = max(2, round(len(variants) * VOICE_SHARE["test"]))
-            dealt = {"train": [""] + sorted(variants[n_dev + n_test:]), "dev": sorted(variants[:n_dev]),
-                     "test": sorted(variants[n_dev:n_dev + n_test])}
+            dealt = {
+                "train": [""] + sorted(variants[n_dev + n_test :]),
+                "dev": sorted(variants[:n_dev]),
+                "test": sorted(variants[n_dev : n_dev + n_test]),
+            }
         else:
             speakers = sorted(set(table.values()) - set(speaker_split))
             random.Random(f"voices-{seed}-{engine}").shuffle(speakers)
             n_dev, n_test = (round(len(speakers) * VOICE_SHARE[s]) for s in ("dev", "test"))
-            new = {"dev": speakers[:n_dev], "test": speakers[n_dev:n_dev + n_test],
-                   "train": speakers[n_dev + n_test:]}
+            new = {
+                "dev": speakers[:n_dev],
+                "test": speakers[n_dev : n_dev + n_test],
+                "train": speakers[n_dev + n_test :],
+            }
             home = {**speaker_split, **{spk: split for split, spks in new.items() for spk in spks}}
             dealt = {split: sorted(v for v, spk in table.items() if home[spk] == split) for split in SPLITS}
         for split, names in dealt.items():
@@ -125,8 +137,10 @@ def split_voices(seed, engines=("espeak",), heldout_engine=None):
         table = voices(heldout_engine)
         unseen = sorted(name for name, speaker in table.items() if speaker not in speaker_split)
         if not unseen:
-            raise KwsError(f"corpus.heldout_engine: every voice of {heldout_engine} has a speaker that "
-                           f"corpus.engines already use; nothing is left to test on")
+            raise KwsError(
+                f"corpus.heldout_engine: every voice of {heldout_engine} has a speaker that "
+                f"corpus.engines already use; nothing is left to test on"
+            )
         out[HELDOUT_SPLIT][heldout_engine] = unseen
     return out
 
@@ -135,8 +149,11 @@ def _split_kinds(profile, shares, split_voices_):
     """The kinds a split's engines can say (a held-out English engine cannot say the other languages)."""
     from kws.synth.engines import speaks
 
-    return {kind: share for kind, share in shares.items()
-            if any(speaks(engine, profile.kind_languages[kind]) for engine in split_voices_)}
+    return {
+        kind: share
+        for kind, share in shares.items()
+        if any(speaks(engine, profile.kind_languages[kind]) for engine in split_voices_)
+    }
 
 
 def _request(rng, profile, kind, split_voices_, text_only=False):
@@ -193,11 +210,16 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         rng.shuffle(kinds)
         items = []
         for index, kind in enumerate(kinds):
-            items.append({
-                "key": f"syn_{split}_{index:06d}_{kind}", "split": split, "kind": kind,
-                "token": profile.positive.get(kind, FILLER), "seed": [seed, split_index, index],
-                "requests": [_request(rng, profile, kind, voices[split], text_only)],
-            })
+            items.append(
+                {
+                    "key": f"syn_{split}_{index:06d}_{kind}",
+                    "split": split,
+                    "kind": kind,
+                    "token": profile.positive.get(kind, FILLER),
+                    "seed": [seed, split_index, index],
+                    "requests": [_request(rng, profile, kind, voices[split], text_only)],
+                }
+            )
         if split in ("test", HELDOUT_SPLIT):
             low, high = sizes["stream_length"]
             total, index = 0.0, len(items)
@@ -206,12 +228,20 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
             while total < sizes["stream_seconds"]:
                 length = round(rng.uniform(low, high), 2)
                 n_segments = int(length / 2.2) + 3  # spare segments; the stream is cut at `length`
-                items.append({
-                    "key": f"syn_{split}_{index:06d}_stream", "split": split, "kind": "stream",
-                    "token": FILLER, "seed": [seed, split_index, index], "length": length,
-                    "requests": [_request(rng, profile, rng.choices(stream_kinds, weights)[0], voices[split],
-                                          text_only) for _ in range(n_segments)],
-                })
+                items.append(
+                    {
+                        "key": f"syn_{split}_{index:06d}_stream",
+                        "split": split,
+                        "kind": "stream",
+                        "token": FILLER,
+                        "seed": [seed, split_index, index],
+                        "length": length,
+                        "requests": [
+                            _request(rng, profile, rng.choices(stream_kinds, weights)[0], voices[split], text_only)
+                            for _ in range(n_segments)
+                        ],
+                    }
+                )
                 total += length
                 index += 1
         for item in items:
@@ -244,8 +274,14 @@ def make_chunks(plan, seed, augment=True, spec=None):
         # Seeded within the split: a split's audio must not depend on the sizes of the splits before it.
         rng = random.Random(f"babble-{seed}-{split}-{chunk['split_index']}")
         kinds = [k for k in profile.babble_kinds if k in _split_kinds(profile, {k: 1}, voices[split])]
-        chunk["babble"] = ([_request(rng, profile, rng.choice(kinds), voices[split], split == HELDOUT_SPLIT)
-                            for _ in range(BABBLE_SOURCES)] if augment else [])
+        chunk["babble"] = (
+            [
+                _request(rng, profile, rng.choice(kinds), voices[split], split == HELDOUT_SPLIT)
+                for _ in range(BABBLE_SOURCES)
+            ]
+            if augment
+            else []
+        )
     return chunks
 
 
@@ -301,8 +337,9 @@ def _render_utterance(item, pcm, augment, babble, transforms=()):
     x = aug.set_level(x, level)
     speech_rms = aug.rms(x)
     lead, trail = (0.1, 0.1) if not augment else (rng.uniform(0.05, 1.0), rng.uniform(0.05, 0.8))
-    x = np.concatenate([np.zeros(int(lead * SAMPLE_RATE), np.float32), x,
-                        np.zeros(int(trail * SAMPLE_RATE), np.float32)])
+    x = np.concatenate(
+        [np.zeros(int(lead * SAMPLE_RATE), np.float32), x, np.zeros(int(trail * SAMPLE_RATE), np.float32)]
+    )
     if not clean:
         x = _noise_and_reverb(x, rng, speech_rms, babble, (0.0, 25.0), p_reverb=0.35, p_noise=0.85)
     elif augment:  # even "clean" items get a faint noise floor instead of digital silence
@@ -358,11 +395,11 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     transforms = chunk.get("speaker_augment", ())
     requests = [r for item in chunk["items"] for r in item["requests"]] + chunk["babble"]
     pcms = synthesize_batch(requests, log=log)
-    babble_pcm = pcms[len(pcms) - len(chunk["babble"]):] if chunk["babble"] else []
+    babble_pcm = pcms[len(pcms) - len(chunk["babble"]) :] if chunk["babble"] else []
     babble = [_to_16k(p) for p in babble_pcm if p is not None]
     records, offset = [], 0
     for item in chunk["items"]:
-        mine = pcms[offset:offset + len(item["requests"])]
+        mine = pcms[offset : offset + len(item["requests"])]
         offset += len(item["requests"])
         if item["kind"] == "stream":
             audio = _render_stream(item, mine, augment, babble, transforms)
@@ -373,9 +410,17 @@ def render_chunk(chunk, tmp_root, augment, log=None):
             continue
         write_wav(Path(tmp_root) / "wav" / item["split"] / f"{item['key']}.wav", audio, SAMPLE_RATE)
         engine, voice = _engine_voice(item["requests"])
-        records.append({"key": item["key"], "split": item["split"], "token": item["token"],
-                        "kind": item["kind"], "seconds": len(audio) / SAMPLE_RATE, "engine": engine,
-                        "voice": voice})
+        records.append(
+            {
+                "key": item["key"],
+                "split": item["split"],
+                "token": item["token"],
+                "kind": item["kind"],
+                "seconds": len(audio) / SAMPLE_RATE,
+                "engine": engine,
+                "voice": voice,
+            }
+        )
     return records
 
 
@@ -399,7 +444,7 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
         request = dict(item["requests"][0])
         for command in COMMANDS:  # "<keyword>，<command>": keep the keyword
             if request["text"].endswith("，" + command):
-                request["text"] = request["text"][:-len(command) - 1]
+                request["text"] = request["text"][: -len(command) - 1]
         requests.append(request)
         speeds.append(_clean_and_speed(np.random.default_rng(item["seed"]), augment)[1])
     pcms = synthesize_batch(requests)
@@ -407,8 +452,9 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
 
 
 # --- orchestration ---------------------------------------------------------------------------------
-def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True, log=None,
-                      train_utterances=None, spec=None):
+def synthesize_corpus(
+    out_dir, size="default", seed=666, threads=2, augment=True, log=None, train_utterances=None, spec=None
+):
     """Build the corpus under out_dir; returns a summary dict. spec: a CorpusSpec (default: Mandarin)."""
     from kws.fileio import atomic_open, ensure_dir
     from kws.synth.phrases import make_profile, utterance_kind
@@ -436,8 +482,10 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
             (tmp_root / "wav" / split).mkdir(parents=True)
         pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
         records = [r for chunk_records in pool.run(chunks) for r in chunk_records]
-        by_split = {split: sorted((r for r in records if r["split"] == split and not r.get("skipped")),
-                                  key=lambda r: r["key"]) for split in splits}
+        by_split = {
+            split: sorted((r for r in records if r["split"] == split and not r.get("skipped")), key=lambda r: r["key"])
+            for split in splits
+        }
         skipped = [r["key"] for r in records if r.get("skipped")]
         for split in splits:
             if not by_split[split]:
@@ -450,8 +498,11 @@ def synthesize_corpus(out_dir, size="default", seed=666, threads=2, augment=True
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp_root / "wav" / split, final)
-        kinds = {item["key"]: utterance_kind(profile, item["kind"], item["requests"][0]["text"])
-                 for items in plan.values() for item in items}
+        kinds = {
+            item["key"]: utterance_kind(profile, item["kind"], item["requests"][0]["text"])
+            for items in plan.values()
+            for item in items
+        }
         summary = _summary(by_split, skipped, voices, size, seed, augment, tokens, spec)
         with atomic_open(out / "synth_info.json") as handle:
             json.dump(summary, handle, indent=1, ensure_ascii=False, sort_keys=True)
@@ -481,7 +532,9 @@ def _summary(by_split, skipped, voices, size, seed, augment, tokens, spec):
 
 
 def summary_line(summary):
-    parts = [f"{split} {s['utterances']} utts {s['hours']:.2f} h (filler {s['filler_hours']:.2f} h)"
-             for split, s in summary["splits"].items()]
+    parts = [
+        f"{split} {s['utterances']} utts {s['hours']:.2f} h (filler {s['filler_hours']:.2f} h)"
+        for split, s in summary["splits"].items()
+    ]
     skipped = f", {len(summary['skipped'])} skipped" if summary["skipped"] else ""
     return f"synthesised {'; '.join(parts)}{skipped} in {summary.get('seconds_taken', 0):.1f} s"

@@ -41,8 +41,9 @@ PACKAGES = {"flite": "flite", "festival": " ".join(["festival", *(v[1] for v in 
 
 
 def _missing(engine, what=None):
-    return KwsError(f"corpus.engines: {what or 'engine ' + engine} is not installed "
-                    f"(Debian: apt-get install {PACKAGES[engine]})")
+    return KwsError(
+        f"corpus.engines: {what or 'engine ' + engine} is not installed (Debian: apt-get install {PACKAGES[engine]})"
+    )
 
 
 def speaks(engine, language):
@@ -127,16 +128,27 @@ def _flite(requests, log):
         for index, request in enumerate(requests):
             path = Path(tmp) / f"{index}.wav"
             stretch = NORMAL_RATE / float(request.get("rate", NORMAL_RATE))
-            command = ["flite", "-voice", request["voice"], "--setf", f"duration_stretch={stretch:.4f}",
-                       "-t", request["text"], "-o", str(path)]
+            command = [
+                "flite",
+                "-voice",
+                request["voice"],
+                "--setf",
+                f"duration_stretch={stretch:.4f}",
+                "-t",
+                request["text"],
+                "-o",
+                str(path),
+            ]
             try:
                 run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
             except FileNotFoundError:
                 raise _missing("flite") from None
             audio = _read(path) if run.returncode == 0 else None
             if audio is None and log:
-                log(f"Flite failed on {request['text']!r} with {request['voice']} "
-                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped")
+                log(
+                    f"Flite failed on {request['text']!r} with {request['voice']} "
+                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped"
+                )
             out.append(_finish(audio, request, native_rate=True))
     return out
 
@@ -157,8 +169,10 @@ def _festival(requests, log):
                 lines.append(f"(voice_{current})")
             stretch = NORMAL_RATE / float(request.get("rate", NORMAL_RATE))
             lines.append(f"(Parameter.set 'Duration_Stretch {stretch:.4f})")
-            lines.append(f"(utt.save.wave (utt.synth (Utterance Text {_scheme_string(request['text'])})) "
-                         f"{_scheme_string(str(Path(tmp) / f'{index}.wav'))} 'riff)")
+            lines.append(
+                f"(utt.save.wave (utt.synth (Utterance Text {_scheme_string(request['text'])})) "
+                f"{_scheme_string(str(Path(tmp) / f'{index}.wav'))} 'riff)"
+            )
         script = Path(tmp) / "batch.scm"
         script.write_text("\n".join(lines) + "\n", encoding="utf-8")
         try:
@@ -169,8 +183,10 @@ def _festival(requests, log):
         for index, request in enumerate(requests):
             audio = _read(Path(tmp) / f"{index}.wav")
             if audio is None and log:
-                log(f"Festival failed on {request['text']!r} with {request['voice']} "
-                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[-200:]}); skipped")
+                log(
+                    f"Festival failed on {request['text']!r} with {request['voice']} "
+                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[-200:]}); skipped"
+                )
             out.append(_finish(audio, request, native_rate=FESTIVAL_VOICES[request["voice"]][2]))
     return out
 
@@ -206,8 +222,14 @@ def speak(text, language="cmn", voice="", rate=NORMAL_RATE, pitch=50, engine="es
     check_engine(engine)
     if not speaks(engine, language):
         raise KwsError(f"corpus.language: {engine} does not speak {language!r} (only eSpeak NG does)")
-    request = {"engine": engine, "text": text, "voice": voice_name(engine, language, voice), "rate": rate,
-               "pitch": pitch, "seed": seed}
+    request = {
+        "engine": engine,
+        "text": text,
+        "voice": voice_name(engine, language, voice),
+        "rate": rate,
+        "pitch": pitch,
+        "seed": seed,
+    }
     audio = synthesize_batch([request])[0]
     if audio is None:
         raise KwsError(f"{engine} could not synthesise {text!r} with voice {voice!r}")

@@ -59,8 +59,16 @@ class Engine:
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
         lib.espeak_ng_SetRandSeed.restype = None
-        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
@@ -142,7 +150,7 @@ def _child(eng, requests, write_fd):
                 pcm, ok = str(err).encode()[:2000], 0
             view = memoryview(struct.pack("<BI", ok, len(pcm)) + pcm)
             while view:
-                view = view[os.write(write_fd, view):]
+                view = view[os.write(write_fd, view) :]
     except BaseException:  # noqa: BLE001 - nothing may escape a forked child
         code = 3
     os._exit(code)
@@ -170,7 +178,7 @@ def _run_forked(requests):
         ok, size = struct.unpack_from("<BI", data, offset)
         if offset + 5 + size > len(data):
             break
-        payload = bytes(data[offset + 5:offset + 5 + size])
+        payload = bytes(data[offset + 5 : offset + 5 + size])
         if not ok:
             raise KwsError(payload.decode(errors="replace"))
         results.append(payload)
@@ -191,14 +199,16 @@ def synthesize_batch(requests, log=None):
     while rest:
         results, error = _run_forked(rest)
         out.extend(results)
-        rest = rest[len(results):]
+        rest = rest[len(results) :]
         if error is None:
             break
         crashed = rest.pop(0)
         retry, retry_error = _run_forked([fallback(crashed)])
         if log:
-            log(f"eSpeak NG crashed ({error}) on {crashed['text']!r} with {crashed['voice']}; "
-                + ("skipped" if retry_error else f"retried with {crashed['voice'].split('+')[0]}"))
+            log(
+                f"eSpeak NG crashed ({error}) on {crashed['text']!r} with {crashed['voice']}; "
+                + ("skipped" if retry_error else f"retried with {crashed['voice'].split('+')[0]}")
+            )
         out.append(None if retry_error else retry[0])
     return out
 
@@ -221,7 +231,7 @@ def phonemize_batch(texts_and_voices):
                 payload = {"error": str(err)}
             view = memoryview(json.dumps(payload).encode())
             while view:
-                view = view[os.write(write_fd, view):]
+                view = view[os.write(write_fd, view) :]
         except BaseException:  # noqa: BLE001 - nothing may escape a forked child
             code = 3
         os._exit(code)

@@ -32,33 +32,145 @@ NIHAO_PINYIN = ("ni3 hao3 wen4 wen4", "ni3 hao3, wen4 wen4")
 # is actually said, with tone sandhi) are left out: eSpeak renders them nearly alike and a model on
 # fbank features cannot tell them apart, so labelling them filler taught the keywords as noise.
 HARD_TEXTS = (
-    "你好", "问问", "小问", "嗨", "你好问", "小问问", "嗨小", "好问问", "嗨小王", "嗨小吴",
-    "你好呀", "你好啊问问", "问问你好", "小问嗨", "你好问题", "你好我问问", "你问问", "你好温暖", "你好问一下",
-    "你好小问", "嗨问问", "嗨你好", "你好你好", "小问你好", "你好万万", "你好慢慢",
-    "嗨小雨", "嗨小龙", "请问问他", "你好吗", "我问问",
+    "你好",
+    "问问",
+    "小问",
+    "嗨",
+    "你好问",
+    "小问问",
+    "嗨小",
+    "好问问",
+    "嗨小王",
+    "嗨小吴",
+    "你好呀",
+    "你好啊问问",
+    "问问你好",
+    "小问嗨",
+    "你好问题",
+    "你好我问问",
+    "你问问",
+    "你好温暖",
+    "你好问一下",
+    "你好小问",
+    "嗨问问",
+    "嗨你好",
+    "你好你好",
+    "小问你好",
+    "你好万万",
+    "你好慢慢",
+    "嗨小雨",
+    "嗨小龙",
+    "请问问他",
+    "你好吗",
+    "我问问",
 )
 HARD_PINYIN = (
-    "ni3 hao3", "wen4 wen4", "xiao3 wen4", "hai1", "ni3 hao3 wen4", "xiao3 wen4 wen4", "hai1 xiao3 wang2",
-    "ni3 hao3 wan4 wan4", "hai1 xiao3 yu3",
+    "ni3 hao3",
+    "wen4 wen4",
+    "xiao3 wen4",
+    "hai1",
+    "ni3 hao3 wen4",
+    "xiao3 wen4 wen4",
+    "hai1 xiao3 wang2",
+    "ni3 hao3 wan4 wan4",
+    "hai1 xiao3 yu3",
 )
 COMMANDS = (
-    "今天天气怎么样", "播放音乐", "现在几点了", "打开灯", "关掉空调", "明天会下雨吗", "设置一个闹钟", "给妈妈打电话",
-    "音量调大一点", "导航到公司", "讲个笑话", "下一首", "暂停", "打开电视",
+    "今天天气怎么样",
+    "播放音乐",
+    "现在几点了",
+    "打开灯",
+    "关掉空调",
+    "明天会下雨吗",
+    "设置一个闹钟",
+    "给妈妈打电话",
+    "音量调大一点",
+    "导航到公司",
+    "讲个笑话",
+    "下一首",
+    "暂停",
+    "打开电视",
 )
-SUBJECTS = ("我", "你", "他", "她", "我们", "你们", "他们", "老师", "妈妈", "爸爸", "小明", "同学们", "大家",
-            "我的朋友", "医生", "这个人", "邻居", "老板", "孩子们", "司机")
+SUBJECTS = (
+    "我",
+    "你",
+    "他",
+    "她",
+    "我们",
+    "你们",
+    "他们",
+    "老师",
+    "妈妈",
+    "爸爸",
+    "小明",
+    "同学们",
+    "大家",
+    "我的朋友",
+    "医生",
+    "这个人",
+    "邻居",
+    "老板",
+    "孩子们",
+    "司机",
+)
 TIMES = ("", "", "今天", "明天", "昨天", "现在", "晚上", "早上", "周末", "下午", "刚才", "每天")
 PREDICATES = (
-    "去超市买东西", "在家看电视", "想吃火锅", "要去上班", "在学校学习", "打电话给朋友", "听音乐", "看一本书",
-    "坐地铁回家", "去公园散步", "做晚饭", "开会", "写作业", "玩游戏", "休息一下", "学习中文", "喝咖啡",
-    "打扫房间", "去医院看病", "买了新手机", "坐飞机去北京", "在办公室加班", "跑步锻炼身体", "去银行取钱",
-    "修理自行车", "准备考试", "在厨房洗碗", "看足球比赛", "去图书馆借书", "给孩子讲故事", "种了很多花",
-    "在网上买衣服", "等公交车", "参加婚礼", "去海边旅游", "学习开车", "包饺子", "问问题", "写一封信",
+    "去超市买东西",
+    "在家看电视",
+    "想吃火锅",
+    "要去上班",
+    "在学校学习",
+    "打电话给朋友",
+    "听音乐",
+    "看一本书",
+    "坐地铁回家",
+    "去公园散步",
+    "做晚饭",
+    "开会",
+    "写作业",
+    "玩游戏",
+    "休息一下",
+    "学习中文",
+    "喝咖啡",
+    "打扫房间",
+    "去医院看病",
+    "买了新手机",
+    "坐飞机去北京",
+    "在办公室加班",
+    "跑步锻炼身体",
+    "去银行取钱",
+    "修理自行车",
+    "准备考试",
+    "在厨房洗碗",
+    "看足球比赛",
+    "去图书馆借书",
+    "给孩子讲故事",
+    "种了很多花",
+    "在网上买衣服",
+    "等公交车",
+    "参加婚礼",
+    "去海边旅游",
+    "学习开车",
+    "包饺子",
+    "问问题",
+    "写一封信",
 )
 PARTICLES = ("", "", "", "了", "吧", "吗", "呢", "啊")
 QUESTIONS = COMMANDS + (
-    "这个多少钱", "你叫什么名字", "我们什么时候出发", "请把门关上", "谢谢你的帮助", "没关系", "我不知道",
-    "欢迎光临", "慢走", "祝你生日快乐", "新年快乐", "请稍等一下", "对不起我来晚了", "好久不见",
+    "这个多少钱",
+    "你叫什么名字",
+    "我们什么时候出发",
+    "请把门关上",
+    "谢谢你的帮助",
+    "没关系",
+    "我不知道",
+    "欢迎光临",
+    "慢走",
+    "祝你生日快乐",
+    "新年快乐",
+    "请稍等一下",
+    "对不起我来晚了",
+    "好久不见",
 )
 HANZI = (
     "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后"
@@ -66,23 +178,137 @@ HANZI = (
     "知民样现分将外但身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部正名定女问力机给等几很业最"
     "间新什打便位因重被走电四第门相次东政海口使教西再平真听世气信北少关并内加化由却代军产入先山五太水万市"
 )
-PINYIN_INITIALS = ("", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x", "zh", "ch", "sh",
-                   "r", "z", "c", "s", "y", "w")
-PINYIN_FINALS = ("a", "o", "e", "ai", "ei", "ao", "ou", "an", "en", "ang", "eng", "ong", "i", "u", "ia", "ie",
-                 "iao", "iu", "ian", "in", "iang", "ing", "ua", "uo", "uai", "ui", "uan", "un", "uang")
-ENGLISH = (
-    "hey what time is it", "turn on the lights", "hi there", "hello", "how are you doing today",
-    "set an alarm for seven", "play some music", "what's the weather like", "call my mother",
-    "I'll be there in five minutes", "can you hear me", "thank you very much", "good morning everyone",
-    "where did I put my keys", "let's go for a walk", "the meeting starts at ten", "open the window please",
-    "I don't know", "see you tomorrow", "how much does it cost", "hey Siri", "okay Google", "Alexa, stop",
-    "hi Sharon", "knee how", "nice to meet you", "when is the next train", "please stop the music",
-    "turn the volume down", "what's for dinner tonight", "I really like this song", "excuse me",
-    "happy birthday", "we need more milk", "it is raining again", "shall we start", "hello, when when",
+PINYIN_INITIALS = (
+    "",
+    "b",
+    "p",
+    "m",
+    "f",
+    "d",
+    "t",
+    "n",
+    "l",
+    "g",
+    "k",
+    "h",
+    "j",
+    "q",
+    "x",
+    "zh",
+    "ch",
+    "sh",
+    "r",
+    "z",
+    "c",
+    "s",
+    "y",
+    "w",
 )
-ENGLISH_WORDS = ("the", "a", "cat", "dog", "car", "red", "big", "small", "house", "walk", "run", "today",
-                 "morning", "light", "music", "phone", "water", "coffee", "please", "now", "later", "when",
-                 "where", "shower", "how", "high", "hi", "window", "show", "new", "one", "two", "three")
+PINYIN_FINALS = (
+    "a",
+    "o",
+    "e",
+    "ai",
+    "ei",
+    "ao",
+    "ou",
+    "an",
+    "en",
+    "ang",
+    "eng",
+    "ong",
+    "i",
+    "u",
+    "ia",
+    "ie",
+    "iao",
+    "iu",
+    "ian",
+    "in",
+    "iang",
+    "ing",
+    "ua",
+    "uo",
+    "uai",
+    "ui",
+    "uan",
+    "un",
+    "uang",
+)
+ENGLISH = (
+    "hey what time is it",
+    "turn on the lights",
+    "hi there",
+    "hello",
+    "how are you doing today",
+    "set an alarm for seven",
+    "play some music",
+    "what's the weather like",
+    "call my mother",
+    "I'll be there in five minutes",
+    "can you hear me",
+    "thank you very much",
+    "good morning everyone",
+    "where did I put my keys",
+    "let's go for a walk",
+    "the meeting starts at ten",
+    "open the window please",
+    "I don't know",
+    "see you tomorrow",
+    "how much does it cost",
+    "hey Siri",
+    "okay Google",
+    "Alexa, stop",
+    "hi Sharon",
+    "knee how",
+    "nice to meet you",
+    "when is the next train",
+    "please stop the music",
+    "turn the volume down",
+    "what's for dinner tonight",
+    "I really like this song",
+    "excuse me",
+    "happy birthday",
+    "we need more milk",
+    "it is raining again",
+    "shall we start",
+    "hello, when when",
+)
+ENGLISH_WORDS = (
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "car",
+    "red",
+    "big",
+    "small",
+    "house",
+    "walk",
+    "run",
+    "today",
+    "morning",
+    "light",
+    "music",
+    "phone",
+    "water",
+    "coffee",
+    "please",
+    "now",
+    "later",
+    "when",
+    "where",
+    "shower",
+    "how",
+    "high",
+    "hi",
+    "window",
+    "show",
+    "new",
+    "one",
+    "two",
+    "three",
+)
 
 
 def _banned(text):
@@ -110,8 +336,10 @@ def _english(rng):
 def _syllables(rng):
     if rng.random() < 0.5:
         return "cmn", "".join(rng.choice(HANZI) for _ in range(rng.randint(2, 8)))
-    syl = [rng.choice(PINYIN_INITIALS) + rng.choice(PINYIN_FINALS) + str(rng.randint(1, 5))
-           for _ in range(rng.randint(2, 7))]
+    syl = [
+        rng.choice(PINYIN_INITIALS) + rng.choice(PINYIN_FINALS) + str(rng.randint(1, 5))
+        for _ in range(rng.randint(2, 7))
+    ]
     return "cmn-latn-pinyin", " ".join(syl)
 
 
@@ -126,12 +354,16 @@ class MandarinDefault:
     # No hard negatives in streams: back to back, partial keywords (嗨 + 小问问) can form a keyword.
     stream_kind_share = {"zh": 0.45, "syl": 0.2, "en": 0.25, "yue": 0.1}
     babble_kinds = ("zh", "zh", "en", "yue")
-    kind_languages = {"hi": "cmn", "nihao": "cmn", "hard": "cmn", "zh": "cmn", "syl": "cmn", "en": "en",
-                      "yue": "yue"}
+    kind_languages = {"hi": "cmn", "nihao": "cmn", "hard": "cmn", "zh": "cmn", "syl": "cmn", "en": "en", "yue": "yue"}
     commands = COMMANDS  # said after a keyword in some positives (kws.synth.corpus.keyword_seconds cuts them)
     keyword_texts = (HI_TEXTS + HI_PINYIN, NIHAO_TEXTS + NIHAO_PINYIN)
-    public_kinds = {"zh": "speech", "syl": "syllables", "en": "other_language", "yue": "other_language",
-                    "stream": "stream"}
+    public_kinds = {
+        "zh": "speech",
+        "syl": "syllables",
+        "en": "other_language",
+        "yue": "other_language",
+        "stream": "stream",
+    }
 
     def banned(self, text):
         return _banned(text)
@@ -175,24 +407,143 @@ BUILTIN = {
 }
 DEFAULT_PHRASES = {"cmn": ("hi_xiaowen", "nihao_wenwen")}
 MORE_ENGLISH_WORDS = (
-    "hay", "hey", "way", "say", "day", "bay", "may", "pay", "ray", "stay", "key", "he", "hi", "high", "who", "how",
-    "kiss", "kids", "quiz", "case", "cows", "keys", "calls", "codes", "kites", "cats", "quick", "queen", "west",
-    "wes", "ace", "jay", "bee", "sea", "tea", "you", "yes", "okay", "hello", "yellow", "hollow", "lazy", "crazy",
-    "nice", "price", "rice", "light", "night", "right", "write", "time", "nine", "fine", "line", "mine",
-    "go", "no", "so", "show", "snow", "slow", "blue", "true", "new", "knew", "few", "view", "jar", "far", "star",
-    "word", "world", "work", "walk", "talk", "wake", "make", "take", "bake", "lake", "cake", "sky", "buy", "guy",
+    "hay",
+    "hey",
+    "way",
+    "say",
+    "day",
+    "bay",
+    "may",
+    "pay",
+    "ray",
+    "stay",
+    "key",
+    "he",
+    "hi",
+    "high",
+    "who",
+    "how",
+    "kiss",
+    "kids",
+    "quiz",
+    "case",
+    "cows",
+    "keys",
+    "calls",
+    "codes",
+    "kites",
+    "cats",
+    "quick",
+    "queen",
+    "west",
+    "wes",
+    "ace",
+    "jay",
+    "bee",
+    "sea",
+    "tea",
+    "you",
+    "yes",
+    "okay",
+    "hello",
+    "yellow",
+    "hollow",
+    "lazy",
+    "crazy",
+    "nice",
+    "price",
+    "rice",
+    "light",
+    "night",
+    "right",
+    "write",
+    "time",
+    "nine",
+    "fine",
+    "line",
+    "mine",
+    "go",
+    "no",
+    "so",
+    "show",
+    "snow",
+    "slow",
+    "blue",
+    "true",
+    "new",
+    "knew",
+    "few",
+    "view",
+    "jar",
+    "far",
+    "star",
+    "word",
+    "world",
+    "work",
+    "walk",
+    "talk",
+    "wake",
+    "make",
+    "take",
+    "bake",
+    "lake",
+    "cake",
+    "sky",
+    "buy",
+    "guy",
 )
 # Phonetic neighbours of eSpeak's phoneme mnemonics (one feature apart: voicing, place, manner, or a
 # neighbouring vowel); only those the language's own phoneme inventory holds are used.
 PHONEME_NEIGHBOURS = {
-    "p": "b t k f", "b": "p d g v m", "t": "d p k s T", "d": "t b g n D", "k": "g t p x", "g": "k d b N",
-    "f": "v T s p", "v": "f D b w", "T": "D f s t", "D": "T v z d", "s": "z S T t", "z": "s Z D d",
-    "S": "Z s tS", "Z": "S z dZ", "tS": "dZ S ts", "dZ": "tS Z", "h": "x f", "x": "h k", "X": "x h",
-    "m": "n b", "n": "m N d l", "N": "n g", "l": "r n", "r": "l w", "w": "r v", "j": "l",
-    "i": "I e i:", "I": "i E e", "e": "E I eI", "E": "e a I", "a": "E A V", "A": "a O V", "O": "o A V",
-    "o": "O u oU", "U": "u o V", "u": "U o u:", "V": "a @ O", "@": "V 3 E", "3": "@ E", "eI": "aI E i:",
-    "aI": "eI OI a", "OI": "aI oU", "aU": "oU a", "oU": "aU O u:", "i:": "I eI", "u:": "U oU", "A:": "a O:",
-    "O:": "A: oU", "3:": "@ E",
+    "p": "b t k f",
+    "b": "p d g v m",
+    "t": "d p k s T",
+    "d": "t b g n D",
+    "k": "g t p x",
+    "g": "k d b N",
+    "f": "v T s p",
+    "v": "f D b w",
+    "T": "D f s t",
+    "D": "T v z d",
+    "s": "z S T t",
+    "z": "s Z D d",
+    "S": "Z s tS",
+    "Z": "S z dZ",
+    "tS": "dZ S ts",
+    "dZ": "tS Z",
+    "h": "x f",
+    "x": "h k",
+    "X": "x h",
+    "m": "n b",
+    "n": "m N d l",
+    "N": "n g",
+    "l": "r n",
+    "r": "l w",
+    "w": "r v",
+    "j": "l",
+    "i": "I e i:",
+    "I": "i E e",
+    "e": "E I eI",
+    "E": "e a I",
+    "a": "E A V",
+    "A": "a O V",
+    "O": "o A V",
+    "o": "O u oU",
+    "U": "u o V",
+    "u": "U o u:",
+    "V": "a @ O",
+    "@": "V 3 E",
+    "3": "@ E",
+    "eI": "aI E i:",
+    "aI": "eI OI a",
+    "OI": "aI oU",
+    "aU": "oU a",
+    "oU": "aU O u:",
+    "i:": "I eI",
+    "u:": "U oU",
+    "A:": "a O:",
+    "O:": "A: oU",
+    "3:": "@ E",
 }
 NUMBERS_PROBE = "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 20 30 40 50 60 70 80 90 100 1000 1000000"
 OTHER_LANGUAGES = ("cmn", "en-us", "yue", "de", "fr", "es", "ru", "hi", "ja")
@@ -270,8 +621,13 @@ def language_voices(language):
     if language not in known:
         raise KwsError(f"corpus.language: eSpeak NG has no language {language!r} (e.g. cmn, en-us, de, fr)")
     family = language.split("-")[0]
-    accents = [c for c in known if c.split("-")[0] == family and c != language
-               and not any(len(tag) == 4 and tag.isalpha() for tag in c.split("-")[1:])]
+    accents = [
+        c
+        for c in known
+        if c.split("-")[0] == family
+        and c != language
+        and not any(len(tag) == 4 and tag.isalpha() for tag in c.split("-")[1:])
+    ]
     return [language, *accents]
 
 
@@ -315,9 +671,9 @@ class PhraseProfile:
         phonemes = phonemize_batch(queries)
         count = sum(len(us) for us in units)
         unit_ph = iter(phonemes[:count])
-        lex_ph = dict(zip(self.lexicon, phonemes[count:count + len(self.lexicon)]))
+        lex_ph = dict(zip(self.lexicon, phonemes[count : count + len(self.lexicon)]))
         self.inventory = {_base(p) for words in phonemes for word in words for p in word}
-        self._phrase_phonemes = phonemes[count + len(self.lexicon) + 1:]
+        self._phrase_phonemes = phonemes[count + len(self.lexicon) + 1 :]
         confusables = set(hand_written)
         for phrase, us in zip(self.phrases, units):
             joiner = "" if family in CJK and " " not in phrase else " "
@@ -330,11 +686,21 @@ class PhraseProfile:
             raise KwsError(f"corpus.keywords: no confusable negative could be made for {self.phrases}")
         other = [lang for lang in OTHER_LANGUAGES if lang.split("-")[0] != family]
         self.other_languages = [lang for lang in other if lang in _espeak_languages()]
-        self.kind_languages = {**{k: language for k in self.positive}, "hard": language, "lang": language,
-                               "syl": language, "other": "other"}
+        self.kind_languages = {
+            **{k: language for k in self.positive},
+            "hard": language,
+            "lang": language,
+            "syl": language,
+            "other": "other",
+        }
         positives = 0.3 / len(tokens)
-        self.kind_share = {**{k: positives for k in self.positive}, "hard": 0.22, "lang": 0.24, "syl": 0.1,
-                           "other": 0.14}
+        self.kind_share = {
+            **{k: positives for k in self.positive},
+            "hard": 0.22,
+            "lang": 0.24,
+            "syl": 0.1,
+            "other": 0.14,
+        }
         self.stream_kind_share = {"lang": 0.55, "syl": 0.2, "other": 0.25}
         self.babble_kinds = ("lang", "lang", "other")
         self.keyword_texts = self.texts
@@ -378,12 +744,15 @@ class PhraseProfile:
             for k, part in enumerate(parts):
                 target = sum(lex_ph[part], []) if part in lex_ph else ph
                 limit = max(1, len(target) // 3)
-                scored = sorted((_distance(target, sum(p, [])), word) for word, p in lex_ph.items()
-                                if word != part and (len(word) == 1) == (len(part) == 1 and spelled))
+                scored = sorted(
+                    (_distance(target, sum(p, [])), word)
+                    for word, p in lex_ph.items()
+                    if word != part and (len(word) == 1) == (len(part) == 1 and spelled)
+                )
                 for dist, word in scored[:6]:
                     if 1 <= dist <= limit:
-                        new = "".join(parts[:k] + [word] + parts[k + 1:]) if len(parts) > 1 else word
-                        out.add(joiner.join(units[:i] + [new] + units[i + 1:]))
+                        new = "".join(parts[:k] + [word] + parts[k + 1 :]) if len(parts) > 1 else word
+                        out.add(joiner.join(units[:i] + [new] + units[i + 1 :]))
         return out
 
     def _phoneme_neighbours(self):
@@ -398,7 +767,7 @@ class PhraseProfile:
                             continue
                         new = list(word)
                         new[p] = phoneme.replace(base, other, 1)
-                        out.add("[[" + " ".join("".join(x) for x in words[:w] + [new] + words[w + 1:]) + "]]")
+                        out.add("[[" + " ".join("".join(x) for x in words[:w] + [new] + words[w + 1 :]) + "]]")
         return out
 
     def banned(self, text):
@@ -443,8 +812,9 @@ class PhraseProfile:
                 text = text.rstrip(".!。！") + ", " + self._in_language(rng)
             return accent, text
         if kind == "hard":
-            use_phonemes = self.phoneme_confusables and not text_only and (
-                not self.text_confusables or rng.random() < 0.3)
+            use_phonemes = (
+                self.phoneme_confusables and not text_only and (not self.text_confusables or rng.random() < 0.3)
+            )
             return accent, rng.choice(self.phoneme_confusables if use_phonemes else self.text_confusables)
         if kind == "lang":
             return accent, self._in_language(rng)
@@ -453,8 +823,9 @@ class PhraseProfile:
         if kind == "other":
             lang = rng.choice(self.other_languages)
             family = lang.split("-")[0]
-            return lang, (_english(rng) if family == "en" else _zh_sentence(rng) if family in ("cmn", "yue")
-                          else _numbers(rng))
+            return lang, (
+                _english(rng) if family == "en" else _zh_sentence(rng) if family in ("cmn", "yue") else _numbers(rng)
+            )
         raise ValueError(kind)
 
 
@@ -467,7 +838,8 @@ def _latin_word(rng):
     onsets = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "st", "tr", "bl", "kr")
     vowels = ("a", "e", "i", "o", "u", "ay", "ee", "oo", "ow")
     return "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 3))) + rng.choice(
-        ("", "", "n", "t", "s", "k"))
+        ("", "", "n", "t", "s", "k")
+    )
 
 
 def make_profile(language="cmn", keywords=()):

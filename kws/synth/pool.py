@@ -96,8 +96,10 @@ class WorkerPool:
             self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']}; retrying it")
             pending.appendleft((chunk, attempt + 1))
         else:
-            self.log(f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']} again; "
-                     f"skipping its {len(chunk['items'])} items")
+            self.log(
+                f"warning: synthesis worker died (exit {code}) on chunk {chunk['id']} again; "
+                f"skipping its {len(chunk['items'])} items"
+            )
             results[chunk["id"]] = [{"key": i["key"], "split": i["split"], "skipped": True} for i in chunk["items"]]
 
     def close(self):

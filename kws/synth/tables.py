@@ -34,5 +34,6 @@ def write_tables(out, out_text, tokens, filler, by_split, kinds):
         with atomic_open(out / split / "text") as handle:
             handle.writelines(f"{r['key']} {r['token']}\n" for r in records)
         with atomic_open(out / split / "wav.scp") as handle:
-            handle.writelines(f"{r['key']} {os.path.join(out_text, 'wav', split, r['key'] + '.wav')}\n"
-                              for r in records)
+            handle.writelines(
+                f"{r['key']} {os.path.join(out_text, 'wav', split, r['key'] + '.wav')}\n" for r in records
+            )

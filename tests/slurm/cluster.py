@@ -31,8 +31,14 @@ import sys
 import time
 from pathlib import Path
 
-PACKAGES = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm", "munged": "munge",
-            "ip": "iproute2", "unshare": "util-linux"}
+PACKAGES = {
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "sbatch": "slurm-wlm",
+    "munged": "munge",
+    "ip": "iproute2",
+    "unshare": "util-linux",
+}
 
 
 class ClusterUnavailable(RuntimeError):
@@ -54,12 +60,15 @@ def ensure_packages():
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ClusterUnavailable(f"{', '.join(missing)} not installed and cannot install them here (needs root "
-                                 f"and apt-get): apt-get install {' '.join(missing)}")
+        raise ClusterUnavailable(
+            f"{', '.join(missing)} not installed and cannot install them here (needs root "
+            f"and apt-get): apt-get install {' '.join(missing)}"
+        )
     update = run(["apt-get", "update", "-q"], timeout=600)
     if update.returncode != 0:
-        raise ClusterUnavailable(f"apt-get update failed, so {', '.join(missing)} cannot be installed: "
-                                 f"{last_line(update)}")
+        raise ClusterUnavailable(
+            f"apt-get update failed, so {', '.join(missing)} cannot be installed: {last_line(update)}"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], timeout=900, env=env)
     if install.returncode != 0:
@@ -137,11 +146,14 @@ class Cluster:
         r = self.root
         nodes = ",".join(self.node_names)
         gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
-        node_lines = "".join(f"NodeName={name} NodeAddr={self.node_addr[name]} CPUs={self.cpus} "
-                             f"RealMemory={self.mem_mb}{gres} State=UNKNOWN\n" for name in self.node_names)
+        node_lines = "".join(
+            f"NodeName={name} NodeAddr={self.node_addr[name]} CPUs={self.cpus} "
+            f"RealMemory={self.mem_mb}{gres} State=UNKNOWN\n"
+            for name in self.node_names
+        )
         (self.conf_dir / "slurm.conf").write_text(f"""\
 ClusterName=kwstest
-SlurmctldHost={socket.gethostname().split('.')[0]}({self.ctl_addr})
+SlurmctldHost={socket.gethostname().split(".")[0]}({self.ctl_addr})
 SlurmctldPort={self.ctl_port}
 SlurmdPort={self.node_port}
 AuthType=auth/munge
@@ -175,14 +187,17 @@ KillWait=5
 """)
         if self.gpus:
             (self.conf_dir / "gres.conf").write_text(
-                f"NodeName={nodes} Name=gpu File={r}/fakegpu/gpu[0-{self.gpus - 1}]\n")
+                f"NodeName={nodes} Name=gpu File={r}/fakegpu/gpu[0-{self.gpus - 1}]\n"
+            )
         (self.conf_dir / "hosts").write_text(
-            "127.0.0.1 localhost\n" + "".join(f"{addr} {name}\n" for name, addr in self.node_addr.items()))
+            "127.0.0.1 localhost\n" + "".join(f"{addr} {name}\n" for name, addr in self.node_addr.items())
+        )
 
     def _spawn(self, name, command, log):
         handle = open(self.root / log, "ab")
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=self.env,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         handle.close()
         self.processes.append((name, process, self.root / log))
         return process
@@ -193,9 +208,20 @@ KillWait=5
         key = munge / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self._spawn("munged", ["munged", "-F", "--force", f"--key-file={key}", f"--socket={munge}/munge.socket",
-                               f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
-                               f"--seed-file={munge}/munged.seed"], "munge/munged.out")
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge}/munge.socket",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            "munge/munged.out",
+        )
         self._wait_for(lambda: (munge / "munge.socket").exists(), 10, "munged did not start", munge / "munged.out")
 
     def _ip(self, *args, netns=None):
@@ -221,25 +247,47 @@ KillWait=5
             self._ip("link", "set", "lo", "up", netns=ns)
 
     def _start_controller(self):
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf_dir / "slurm.conf")],
-                    "ctld/slurmctld.out")
-        self._wait_for(lambda: run(["scontrol", "ping"], env=self.env).stdout.count("UP") > 0, 20,
-                       "slurmctld did not answer", self.root / "ctld" / "slurmctld.out")
+        self._spawn(
+            "slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf_dir / "slurm.conf")], "ctld/slurmctld.out"
+        )
+        self._wait_for(
+            lambda: run(["scontrol", "ping"], env=self.env).stdout.count("UP") > 0,
+            20,
+            "slurmctld did not answer",
+            self.root / "ctld" / "slurmctld.out",
+        )
 
     def _start_node(self, name):
         # In the node's own mount namespace: its hostname's /etc/hosts, and our slurm.conf as
         # /etc/slurm, since the executor plugin's job steps drop SLURM_CONF from the environment.
-        script = (f"hostname {name} && mount --bind {self.conf_dir / 'hosts'} /etc/hosts && "
-                  f"mount --bind {self.conf_dir} /etc/slurm && exec slurmd -D -N {name}")
+        script = (
+            f"hostname {name} && mount --bind {self.conf_dir / 'hosts'} /etc/hosts && "
+            f"mount --bind {self.conf_dir} /etc/slurm && exec slurmd -D -N {name}"
+        )
         # nsenter, not `ip netns exec`: that mounts a sysfs of its own, without the cgroup tree slurmd reads.
-        self._spawn(name, ["nsenter", f"--net=/run/netns/{self.netns[name]}", "unshare", "--uts", "--mount",
-                           "--propagation", "private", "sh", "-c", script], f"{name}/slurmd.out")
+        self._spawn(
+            name,
+            [
+                "nsenter",
+                f"--net=/run/netns/{self.netns[name]}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ],
+            f"{name}/slurmd.out",
+        )
 
     def _wait_idle(self, timeout):
         def idle():
             out = run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env).stdout.split("\n")
             states = dict(line.split() for line in out if line.strip())
             return all(states.get(name) == "idle" for name in self.node_names)
+
         self._wait_for(idle, timeout, "the compute nodes did not come up", self.root / "ctld" / "slurmctld.log")
 
     def _wait_for(self, ready, timeout, what, log):
