@@ -1,6 +1,7 @@
 """Helpers for the training tests: a tiny corpus of generated wavs in the DESIGN.md layout and a tiny config."""
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,20 @@ def write_config(path, overrides=None):
     conf = apply_overrides(copy.deepcopy(TINY_CONFIG), overrides or {})
     Path(path).write_text(yaml.safe_dump(conf, sort_keys=False))
     return Path(path)
+
+
+def torchrun_argv(processes=2):
+    """torchrun on one machine, as the workflow starts it, run with this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(processes),
+    ]
 
 
 def train_argv(corpus, config, model_dir, *extra):

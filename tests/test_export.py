@@ -88,6 +88,24 @@ def make_checkpoint(root, seed=0):
     return root, model
 
 
+def export_argv(root, out_dir):
+    """export_model.py's arguments for make_checkpoint's files."""
+    return [
+        "--checkpoint",
+        str(root / "avg.pt"),
+        "--dict",
+        str(root / "words.txt"),
+        "--metrics",
+        str(root / "metrics.json"),
+        "--test-data",
+        str(root / "data.list"),
+        "--out-dir",
+        str(out_dir),
+        "--num-utts",
+        "3",
+    ]
+
+
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
     """scripts/export_model.py run once on a random tiny checkpoint."""
@@ -97,22 +115,7 @@ def export_dir(tmp_path_factory):
     spec = importlib.util.spec_from_file_location("export_model_script", ROOT / "scripts" / "export_model.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(
-        [
-            "--checkpoint",
-            str(root / "avg.pt"),
-            "--dict",
-            str(root / "words.txt"),
-            "--metrics",
-            str(root / "metrics.json"),
-            "--test-data",
-            str(root / "data.list"),
-            "--out-dir",
-            str(root / "out"),
-            "--num-utts",
-            "3",
-        ]
-    )
+    script.main(export_argv(root, root / "out"))
     return root, model
 
 
@@ -143,22 +146,7 @@ def test_exports_of_the_same_checkpoint_are_byte_identical(tmp_path):
     root, _ = make_checkpoint(tmp_path / "ckpt")
     for out in ("a", "b"):
         subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "scripts" / "export_model.py"),
-                "--checkpoint",
-                str(root / "avg.pt"),
-                "--dict",
-                str(root / "words.txt"),
-                "--metrics",
-                str(root / "metrics.json"),
-                "--test-data",
-                str(root / "data.list"),
-                "--out-dir",
-                str(tmp_path / out),
-                "--num-utts",
-                "3",
-            ],
+            [sys.executable, str(ROOT / "scripts" / "export_model.py"), *export_argv(root, tmp_path / out)],
             check=True,
             capture_output=True,
             cwd=ROOT,
@@ -377,9 +365,25 @@ def _score(root, out):
     return out
 
 
-def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
+def _export_deployed(root, out_dir, score, **options):
+    """make_checkpoint's model exported with the deployed detector's check over its 4 utterances."""
     from kws.export import export_model
 
+    return export_model(
+        root / "avg.pt",
+        root / "words.txt",
+        out_dir,
+        root / "data.list",
+        metrics=root / "metrics.json",
+        num_utts=2,
+        score=score,
+        refractory=0.05,
+        chunk_ms=30,
+        **options,
+    )
+
+
+def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
     root, _ = make_checkpoint(tmp_path / "ckpt", seed=2)
     score = _score(root, tmp_path / "score.txt")
     # thresholds at which some frames fire: the 40th percentile of each keyword's posteriors
@@ -399,19 +403,7 @@ def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
         },
     }
     (root / "metrics.json").write_text(json.dumps(metrics))
-    report = export_model(
-        root / "avg.pt",
-        root / "words.txt",
-        tmp_path / "out",
-        root / "data.list",
-        metrics=root / "metrics.json",
-        num_utts=2,
-        score=score,
-        refractory=0.05,
-        window_shift=3,
-        chunk_ms=30,
-        workers=2,
-    )
+    report = _export_deployed(root, tmp_path / "out", score, window_shift=3, workers=2)
     deployed = json.loads((tmp_path / "out" / "export.json").read_text())["deployed"]
     assert deployed == json.loads(json.dumps(report["deployed"]))
     assert deployed["utterances"] == 4 and deployed["refractory_frames"] == 5
@@ -427,8 +419,6 @@ def test_the_deployed_detector_is_scored_beside_offline(tmp_path):
 
 
 def test_a_detector_that_disagrees_with_offline_scoring_fails_the_export(tmp_path):
-    from kws.export import export_model
-
     root, _ = make_checkpoint(tmp_path / "ckpt", seed=3)
     score = _score(root, tmp_path / "score.txt")
     # offline posteriors that are not the model's: every frame certain
@@ -437,15 +427,5 @@ def test_a_detector_that_disagrees_with_offline_scoring_fails_the_export(tmp_pat
     ]
     score.write_text("\n".join(lines) + "\n")
     with pytest.raises(KwsError, match="deployed detector disagrees with offline scoring"):
-        export_model(
-            root / "avg.pt",
-            root / "words.txt",
-            tmp_path / "out",
-            root / "data.list",
-            metrics=root / "metrics.json",
-            num_utts=2,
-            score=score,
-            refractory=0.05,
-            chunk_ms=30,
-        )
+        _export_deployed(root, tmp_path / "out", score)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

@@ -153,14 +153,7 @@ def train_argv(corpus, model_dir, *extra):
 
 def torchrun(corpus, model_dir, *extra):
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
+        *helpers_train.torchrun_argv(2),
         "--max-restarts",
         "1",
         *train_argv(corpus, model_dir, *extra),

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from helpers_train import make_corpus, train_argv, write_config
+from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
 from kws import checkpoint as ckpt
 from kws import trainer, trainlog
 from kws.errors import KwsError
@@ -261,18 +261,7 @@ def test_ddp_two_gloo_processes(tmp_path):
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            "2",
-            str(REPO / "scripts" / "train.py"),
-            *argv,
-        ],
+        [*torchrun_argv(2), str(REPO / "scripts" / "train.py"), *argv],
         env=env,
         capture_output=True,
         text=True,
