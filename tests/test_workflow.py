@@ -295,6 +295,21 @@ def planned_after_an_edit(root, relative):
 
 
 @pytest.mark.slow
+def test_listing_more_seeds_trains_only_the_new_seed_and_compares_the_seeds(completed_run):
+    # the run of train.seed keeps its folder and its model; seed 1 trains beside it; the comparison gets both
+    write_config(completed_run, with_changes(**{"experiments/tiny/seeds": [666, 1]}))
+    try:
+        result = snakemake(completed_run, "-n", "--printshellcmds")
+    finally:
+        write_config(completed_run, TINY_CONFIG)
+    planned = planned_jobs(result)
+    assert planned["train"] == 1 and planned["compare_experiments"] == 1 and planned["export_model"] == 1
+    train = [line for line in result.stdout.splitlines() if "--model_dir" in line]
+    assert len(train) == 1 and "--model_dir results/tiny-seed1/model" in train[0] and "--seed 1 " in train[0]
+    assert "--experiments tiny tiny" in result.stdout and "--names tiny tiny-seed1" in result.stdout
+
+
+@pytest.mark.slow
 def test_smoke_run_trains_on_a_slice_without_touching_the_full_run(completed_run):
     result = snakemake(completed_run, "-n", "-p", "--config", "smoke=True", "smoke_utterances=8")
     planned = planned_jobs(result)
