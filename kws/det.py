@@ -153,8 +153,11 @@ def false_rejects(max_scores, thresholds):
     return np.searchsorted(ordered, np.asarray(thresholds, dtype=np.float64), side="left")
 
 
-def det_curve(positive_scores, filler_scores, filler_seconds, thresholds, window_shift):
+def det_curve(positive_scores, filler_scores, filler_seconds, thresholds, window_shift, false_alarms=None):
     """FA/h and FRR per threshold from positive and filler score sequences.
+
+    false_alarms: the fillers' false alarms per threshold when already counted (compute_det sums its
+    counts by kind of negative), instead of counting `filler_scores` again.
 
     Returns dict with arrays `threshold`, `fa_per_hour`, `frr`, `false_alarms`, `false_rejects`.
     """
@@ -166,7 +169,11 @@ def det_curve(positive_scores, filler_scores, filler_seconds, thresholds, window
     if hours <= 0:
         raise KwsError("no filler audio")
     n_fr = false_rejects(maxima, thresholds)
-    n_fa = count_false_alarms_many(filler_scores, thresholds, window_shift)
+    n_fa = (
+        count_false_alarms_many(filler_scores, thresholds, window_shift)
+        if false_alarms is None
+        else np.asarray(false_alarms, dtype=np.int64)
+    )
     return {
         "threshold": thresholds,
         "fa_per_hour": np.maximum(n_fa, FA_FLOOR) / hours,
@@ -426,14 +433,6 @@ def compute_det(
         filler_seconds = float(sum(item["duration"] for item in fillers))
         if filler_seconds <= 0:
             raise KwsError(f"{data_list_path}: no filler audio for keyword {token}, so FA/h is undefined")
-        curve = det_curve(
-            [table[item["key"]] for item in positives],
-            [table[item["key"]] for item in fillers],
-            filler_seconds,
-            thresholds,
-            window_shift,
-        )
-        curves.append((token, curve))
         kinds = [negative_kind(item, index) for item in fillers]
         by_kind = {}
         for kind in sorted(set(kinds)):
@@ -442,6 +441,16 @@ def compute_det(
                 count_false_alarms_many([table[item["key"]] for item in mine], thresholds, window_shift),
                 float(sum(item["duration"] for item in mine)),
             )
+        # each utterance is scanned on its own, so the kinds' counts add up to the fillers' count
+        curve = det_curve(
+            [table[item["key"]] for item in positives],
+            None,
+            filler_seconds,
+            thresholds,
+            window_shift,
+            false_alarms=sum(counts for counts, _ in by_kind.values()),
+        )
+        curves.append((token, curve))
         peak = {item["key"]: float(np.max(table[item["key"]])) for item in items}
         worst = sorted(positives, key=lambda item: (peak[item["key"]], item["key"]))[:num_listed]
         loudest = sorted(zip(fillers, kinds), key=lambda pair: (-peak[pair[0]["key"]], pair[0]["key"]))
