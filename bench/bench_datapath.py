@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from kws.launch import torchrun_command
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "results" / "data" / "synthetic"
 CMVN = ROOT / "results" / "cmvn" / "fbank40_25ms_10ms" / "global_cmvn"
@@ -62,14 +64,7 @@ def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
     if model_dir.exists():
         shutil.rmtree(model_dir)
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
+        *torchrun_command(2, python=sys.executable),
         str(code / "scripts" / "train.py"),
         "--config",
         str(ROOT / "config/models/ds_tcn_small.yaml"),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from kws.config import load_model_config  # noqa: E402
 from kws.datalist import read_dictionary  # noqa: E402
+from kws.launch import torchrun_command  # noqa: E402
 from kws.loss import max_pooling_loss  # noqa: E402
 from kws.model import build_model  # noqa: E402
 
@@ -117,14 +118,7 @@ def loader_throughput(corpus, workers, batches=40):
 def torchrun_epoch(corpus, workdir):
     model_dir = workdir / "model"
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "1",
+        *torchrun_command(1, python=sys.executable),
         str(REPO / "scripts/train.py"),
         "--gpus",
         "0",

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kws.det import operating_point, read_stats  # noqa: E402
+from kws.launch import torchrun_command  # noqa: E402
 
 FA_TARGETS = (0.0, 1.0, 2.0, 5.0)
 
@@ -50,14 +51,7 @@ def run_chain(row, args, status):
     overrides = [arg for item in shlex.split(row["overrides"]) for arg in ("--override", item)]
     steps = [
         [
-            python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            "1",
+            *torchrun_command(1, python=python),
             str(REPO / "scripts/train.py"),
             "--config",
             row["model"],

@@ -40,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from kws.launch import torchrun_command  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
 SECTION = "## Training performance (bench/run.py)"
@@ -290,14 +291,7 @@ def train_epoch(corpus, out, processes, threads, workers, caches=None, train_lis
         shutil.rmtree(out)
     train_list = train_list or corpus / "train" / "data.list"
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(processes),
+        *torchrun_command(processes, python=sys.executable),
         str(ROOT / "scripts" / "train.py"),
         "--config",
         str(MODEL),

@@ -28,6 +28,13 @@ MEM_MB_PER_CPU_PROCESS = 4000
 MEM_MB_PER_GPU = 16000
 
 
+def torchrun_command(processes, python=None):
+    """torchrun on one machine with `processes` workers, as a list: the `torchrun` on PATH, or with `python`
+    its `-m torch.distributed.run` (benchmarks and tests run it with their own interpreter)."""
+    runner = [python, "-m", "torch.distributed.run"] if python else ["torchrun"]
+    return [*runner, "--standalone", "--nnodes", "1", "--nproc_per_node", str(processes)]
+
+
 def train_launcher(gpus, processes, nodes=1, lock_dir="results/.gpu-locks"):
     """The command prefix that starts `scripts/train.py` (append the script and its arguments)."""
     # Bare `python`/`torchrun`: the workflow puts its own environment first on PATH, and the command
@@ -35,7 +42,7 @@ def train_launcher(gpus, processes, nodes=1, lock_dir="results/.gpu-locks"):
     per_node = gpus if gpus > 0 else processes
     if nodes > 1:
         return f"python -m kws.launch --nodes {nodes} --nproc_per_node {per_node} --gpus {gpus} --"
-    standalone = f"torchrun --standalone --nnodes 1 --nproc_per_node {per_node}"
+    standalone = " ".join(torchrun_command(per_node))
     if gpus > 0:
         return f"{gpu_launcher(gpus, lock_dir)} {standalone}"
     return standalone

@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 
 from kws.audio import write_wav
+from kws.launch import torchrun_command
 
 TINY_CONFIG = {
     "dataset_conf": {
@@ -91,16 +92,7 @@ def write_config(path, overrides=None):
 
 def torchrun_argv(processes=2):
     """torchrun on one machine, as the workflow starts it, run with this interpreter."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(processes),
-    ]
+    return torchrun_command(processes, python=sys.executable)
 
 
 def train_argv(corpus, config, model_dir, *extra):

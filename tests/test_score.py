@@ -88,51 +88,30 @@ def test_format_line():
     assert format_line("u1", "<A>", [0.5, 1 / 3]) == "u1 <A> 0.500000 0.333333\n"
 
 
+def _score_cli(checkpoint, data_list, words, out, *extra):
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "score.py"),
+        "--checkpoint",
+        str(checkpoint),
+        "--test-data",
+        str(data_list),
+        "--dict",
+        str(words),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        *extra,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+
+
 def test_cli(setup, tmp_path):
     root, data_list, items, _ = setup
     out = tmp_path / "score.txt"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "score.py"),
-            "--checkpoint",
-            str(root / "avg.pt"),
-            "--test-data",
-            str(data_list),
-            "--dict",
-            str(root / "words.txt"),
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-            "--batch-size",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = _score_cli(root / "avg.pt", data_list, root / "words.txt", out, "--threads", "1", "--batch-size", "4")
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 2 * len(items)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "score.py"),
-            "--checkpoint",
-            str(tmp_path / "missing.pt"),
-            "--test-data",
-            str(data_list),
-            "--dict",
-            str(root / "words.txt"),
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = _score_cli(tmp_path / "missing.pt", data_list, root / "words.txt", out)
     assert proc.returncode == 1 and "checkpoint not found" in proc.stderr
