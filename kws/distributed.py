@@ -261,6 +261,12 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
     if rank == 0 and missing is not None and store is not None:
         try:
             store.set(key, ",".join(str(r) for r in missing))
+            # rank 0 hosts the store: stay until the ranks that reached the barrier have read the list,
+            # else this process's exit resets their connection before they do
+            readers = dist.get_world_size() - 1 - len(missing)
+            deadline = time.monotonic() + 5.0
+            while store.add(f"{key}/read", 0) < readers and time.monotonic() < deadline:
+                time.sleep(0.05)
         except Exception:
             pass
     elif missing is None and store is not None:
@@ -268,6 +274,7 @@ def barrier_or_fail(timeout_s=600, what="barrier"):
             store.wait([key], _timedelta(min(10.0, max(5.0, 0.2 * float(timeout_s)))))
             value = store.get(key).decode()
             missing = [int(r) for r in value.split(",") if r]
+            store.add(f"{key}/read", 1)
         except Exception:
             missing = None
     if missing:
