@@ -12,8 +12,9 @@ import soundfile
 from kws.datalist import read_dictionary, read_kaldi_map
 from kws.errors import KwsError
 from kws.synth import faults, plan_corpus, synthesize_corpus
+from kws.synth.augment import SPEAKER_TRANSFORMS as SPEAKERS
 from kws.synth.augment import resample
-from kws.synth.corpus import SPLITS, split_voices
+from kws.synth.corpus import SPLITS, CorpusSpec, split_voices
 from kws.synth.espeak import EXCLUDED_VARIANTS, list_variants, synthesize_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,9 @@ def corpora(tmp_path_factory):
         "a": synthesize_corpus(root / "a", size="tiny", seed=SEED, threads=2, log=_quiet),
         "b": synthesize_corpus(root / "b", size="tiny", seed=SEED, threads=1, log=_quiet),
         "clean": synthesize_corpus(root / "clean", size="tiny", seed=SEED, threads=2, augment=False, log=_quiet),
+        "speakers": synthesize_corpus(
+            root / "speakers", size="tiny", seed=SEED, threads=2, log=_quiet, spec=CorpusSpec(speaker_augment=SPEAKERS)
+        ),
     }
     return root, runs
 
@@ -124,6 +128,18 @@ def test_augmentation_changes_the_signal(corpora):
     a = soundfile.read(root / "a" / name, dtype="float32")[0]
     c = soundfile.read(root / "clean" / name, dtype="float32")[0]
     assert len(a) != len(c) or not np.allclose(a, c, atol=1e-3)
+
+
+def test_speaker_augmentation_changes_training_only(corpora):
+    """Dev and test are the same split, byte for byte, with speaker augmentation on or off: runs with and
+    without it are compared on the same speech."""
+    root, _ = corpora
+    plain, speakers = _wavs(root / "a"), _wavs(root / "speakers")
+    assert plain.keys() == speakers.keys()
+    for split in SPLITS:
+        names = [n for n in plain if f"/{split}/" in n]
+        changed = sum(plain[n] != speakers[n] for n in names)
+        assert names and (changed > len(names) / 2 if split == "train" else changed == 0), (split, changed)
 
 
 def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora, monkeypatch):

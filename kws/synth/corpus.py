@@ -471,7 +471,9 @@ def synthesize_corpus(
     plan, voices = plan_corpus(size, seed, augment, train_utterances, spec)
     chunks = make_chunks(plan, seed, augment, spec)
     for chunk in chunks:
-        chunk["speaker_augment"] = spec["speaker_augment"]
+        # Training only: dev and test measure the voices as they are, and stay the same split (byte for
+        # byte) whether or not training is augmented, so that runs with and without it compare.
+        chunk["speaker_augment"] = spec["speaker_augment"] if chunk["items"][0]["split"] == "train" else []
     mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"
