@@ -8,11 +8,11 @@ training_config.max_epoch):
 1. every rank seeds python/numpy/torch from (seed, epoch, rank), so an epoch does the same thing
    whether the run was resumed or not (dropout masks included); nothing else carries randomness from
    one epoch to the next (the data pipeline seeds its own generators from seed and epoch);
-2. train: each rank reads its shard (kws.dataset). Ranks can have different numbers of batches, so
-   every step all-reduces "I still have a batch"; when no rank has one the epoch ends, and a rank that
-   has run out takes part in the step with a zero gradient (eval-mode forward, so its BatchNorm
-   statistics do not move) while the others scale their loss by world_size / active_ranks: the
-   averaged gradient is the mean over the ranks that had data. Every utterance is used exactly once;
+2. train: each rank reads its shard (kws.dataset). Ranks can have different numbers of batches; every
+   rank knows every rank's count in advance (kws.dataset plans them), so no collective asks who still
+   has one. A rank that has run out takes part in the step with a zero gradient (eval-mode forward, so
+   its BatchNorm statistics do not move) while the others scale their loss by world_size / active_ranks:
+   the averaged gradient is the mean over the ranks that had data. Every utterance is used exactly once;
 3. the gradient is clipped to training_config.grad_clip (kws.preflight.DEFAULT_GRAD_CLIP, WeKws's 50,
    when absent); a step whose gradient norm is not finite is skipped (parameters and Adam state
    untouched) and counted; more than training_config.max_nonfinite_steps (default 20) in a row stops

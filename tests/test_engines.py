@@ -140,6 +140,21 @@ def test_speaker_transforms_change_what_they_should_only():
     ]
     peak = _f0(warped[2000:-2000])
     assert centroid[1] > centroid[0] * 1.15 and peak > 900 and min(peak % 200, 200 - peak % 200) < 3
+    # the piecewise warp moves the first formant region alone: a bump at 500 Hz goes up 20 %, one at 2.5 kHz stays
+    two = sum(
+        np.sin(2 * np.pi * 100 * k * t)
+        * (np.exp(-(((100 * k - 500) / 120) ** 2)) + np.exp(-(((100 * k - 2500) / 120) ** 2)))
+        for k in range(1, 40)
+    ).astype(np.float32)
+    knots = (np.array([0.0, 500.0, 1500.0, 3000.0, 6000.0, 8000.0]), np.array([1.2, 1.2, 1.0, 1.0, 1.0, 1.0]))
+    moved = aug.reshape_spectrum(two, RATE, warp=knots)
+    magnitude = np.abs(np.fft.rfft(moved[2000:-2000] * np.hanning(len(moved) - 4000)))
+    freqs = np.fft.rfftfreq(len(moved) - 4000, 1 / RATE)
+    low, high = (freqs > 300) & (freqs < 1000), (freqs > 2000) & (freqs < 3000)
+    assert freqs[low][np.argmax(magnitude[low])] == 600  # harmonics every 100 Hz: the bump's peak, from 500
+    assert freqs[high][np.argmax(magnitude[high])] == 2500
+    uniform = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, warp=(np.array([0.0, 8000.0]), np.ones(2) * 1.3))
+    assert np.allclose(uniform, warped, atol=1e-4)  # a constant factor is the vtl warp
     words = np.concatenate([tone[:4000], np.zeros(3200, np.float32), tone[:4000]])
     gaps = {len(aug.jitter_gaps(words, RATE, np.random.default_rng(s))) for s in range(5)}
     assert len(gaps) > 1 and all(8000 < n < 8000 + 3 * 3200 for n in gaps)  # only the pause changes

@@ -140,7 +140,7 @@ def reverberate(x, rng, rate, rt60):
 
 
 # --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
-SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps")
+SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants")
 
 
 def _frames(x, size, hop):
@@ -194,9 +194,11 @@ def _istft(spec, window, hop, length):
     return (out / np.maximum(norm, 1e-3))[:length]
 
 
-def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30):
+def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, warp=None):
     """Per STFT frame: move the spectral envelope (cepstrally smoothed) along frequency by `formant`
-    (> 1: a shorter vocal tract, formants up) keeping the harmonics, then apply `gain_db(freqs)`."""
+    (> 1: a shorter vocal tract, formants up) keeping the harmonics, then apply `gain_db(freqs)`.
+    `warp` (instead of `formant`): (knot frequencies Hz, factors), a piecewise-linear factor per frequency,
+    so that the first formant can move one way and the second another (see `formant_warp`)."""
     x = np.asarray(x, dtype=np.float64)
     if len(x) == 0:
         return x.astype(np.float32)
@@ -204,13 +206,17 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30):
     spec, window = _stft(x, size, hop)
     freqs = np.fft.rfftfreq(size, 1 / rate)
     gain = np.ones(len(freqs))
-    if formant != 1.0:
+    if formant != 1.0 or warp is not None:
         log_mag = np.log(np.maximum(np.abs(spec), 1e-9))
         cep = np.fft.irfft(log_mag, size, axis=1)
         cep[:, lifter : size - lifter + 1] = 0.0
         envelope = np.fft.rfft(cep, size, axis=1).real
         bins = np.arange(len(freqs))
-        warped = np.stack([np.interp(bins / formant, bins, row) for row in envelope])
+        if warp is None:
+            warped = np.stack([np.interp(bins / formant, bins, row) for row in envelope])
+        else:  # the envelope at f moves to f * factor(f); factors keep f * factor(f) increasing
+            moved = freqs * np.interp(freqs, *warp)
+            warped = np.stack([np.interp(freqs, moved, row) for row in envelope])
         spec = spec * np.exp(warped - envelope)
     if gain_db is not None:
         gain = 10 ** (gain_db(freqs) / 20)
@@ -224,6 +230,15 @@ def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0):
     y = time_stretch(y, rate, float(factor) * tempo)
     relative = formant / float(factor)  # resampling moved the formants by `factor` too: undo, then apply
     return reshape_spectrum(y, rate, formant=relative) if abs(relative - 1) > 1e-3 else y
+
+
+def formant_warp(rng, low=0.85, high=1.2):
+    """A random piecewise-linear frequency warp of the envelope: independent factors around the first
+    (500 Hz), second (1.5 kHz) and third (3 kHz) formant regions, back to 1 at the top of the band.
+    Speakers differ in more than vocal-tract length: one voice's first formant sits 20 % higher while its
+    second does not move (piecewise-linear VTLN in ASR models the same). Returns (knots Hz, factors)."""
+    f1, f2, f3 = rng.uniform(low, high, 3)
+    return np.array([0.0, 500.0, 1500.0, 3000.0, 6000.0, 8000.0]), np.array([f1, f1, f2, f3, 1.0, 1.0])
 
 
 def spectral_gain(rng):
@@ -282,6 +297,7 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
         "rate": (rng.random() < p, rng.uniform(0.85, 1.2)),
         "eq": (rng.random() < p, spectral_gain(rng)),
         "gaps": (rng.random() < p, np.random.default_rng(rng.integers(2**63))),
+        "formants": (rng.random() < p, formant_warp(rng)),  # drawn last: the draws before stay as they were
     }
     on = {name: value for name, (hit, value) in draws.items() if hit and name in transforms}
     y = np.asarray(x, np.float32)
@@ -291,6 +307,8 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
         y = pitch_shift(y, rate, on.get("pitch", 0.0), formant=on.get("vtl", 1.0), tempo=on.get("rate", 1.0))
     elif "vtl" in on:
         y = reshape_spectrum(y, rate, formant=on["vtl"])
+    if "formants" in on:
+        y = reshape_spectrum(y, rate, warp=on["formants"])
     if "eq" in on:
         y = reshape_spectrum(y, rate, gain_db=on["eq"])
     return y
