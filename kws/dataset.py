@@ -38,10 +38,10 @@ from kws.audio_store import AudioStore, MemoryStore
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import read_data_list, require_labels
 from kws.errors import KwsError
-from kws.features import batch_fbank, fbank_conf_of, num_frames
+from kws.features import batch_fbank, fbank_conf_of, frame_geometry, num_frames
 
 # Separate streams so that changing one kind of randomness does not shift the others.
-_STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT = 0, 1, 2, 3, 4
+_STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT, _STREAM_CROP = 0, 1, 2, 3, 4, 5
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
@@ -59,6 +59,7 @@ def cv_dataset_conf(train_conf):
     conf["spec_aug"] = False
     conf["sort"] = False
     conf["speed_perturb"] = False
+    conf.pop("crop_negatives", None)  # whole utterances
     fbank = dict(fbank_conf_of(train_conf))
     fbank["dither"] = 0.0
     conf["fbank_conf"] = fbank
@@ -135,6 +136,20 @@ class KwsDataset:
         self.rows = np.array([store.row[item["key"]] for item in self.items], dtype=np.int64)
         self.frames = num_frames(store.lengths[self.rows], self.fbank_conf)
         self.labels = [item["label"] for item in self.items]
+        # crop_negatives: a filler longer than this many frames trains on a random window of that many
+        # (a new one each epoch). Any part of a negative is a negative; a batch's length is its longest
+        # utterance's, so one long filler made 15 others pad to it.
+        self.crop_frames = int(self.conf.get("crop_negatives") or 0)
+        if self.crop_frames < 0:
+            raise KwsError(f"dataset_conf.crop_negatives must be >= 0 frames, got {self.crop_frames}")
+        self.cropped = np.array(
+            [
+                bool(self.crop_frames) and label == -1 and frames > self.crop_frames
+                for label, frames in zip(self.labels, self.frames)
+            ],
+            dtype=bool,
+        )
+        self.batch_frames = np.where(self.cropped, self.crop_frames, self.frames)
         self.filter_conf = {**DEFAULT_FILTER, **(self.conf.get("filter_conf") or {})}
         self.shuffle = bool(self.conf.get("shuffle", False))
         self.shuffle_size = int((self.conf.get("shuffle_conf") or {}).get("shuffle_size", DEFAULT_SHUFFLE_SIZE))
@@ -193,7 +208,7 @@ class KwsDataset:
         rng = _rng(self.seed, self.epoch, rank, _STREAM_SORT)
         batches = []
         for start in range(0, len(order), self.sort_size):
-            buffer = sorted(order[start : start + self.sort_size], key=lambda i: self.frames[i])  # stable
+            buffer = sorted(order[start : start + self.sort_size], key=lambda i: self.batch_frames[i])  # stable
             sorted_batches = self._batched(buffer)
             batches += [
                 sorted_batches[j]
@@ -210,24 +225,36 @@ class KwsDataset:
             return [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
         batches, batch, longest = [], [], 0
         for i in indices:
-            new_longest = max(longest, padded_length(self.frames[i]))
+            new_longest = max(longest, padded_length(self.batch_frames[i]))
             if batch and new_longest * (len(batch) + 1) > self.max_frames_in_batch:
                 batches.append(batch)
-                batch, new_longest = [], padded_length(self.frames[i])
+                batch, new_longest = [], padded_length(self.batch_frames[i])
             longest = new_longest
             batch.append(i)
         return batches + ([batch] if batch else [])
 
+    def crop_window(self, index):
+        """(first sample, samples) of item `index` this epoch: a random window for a cropped filler
+        (seeded by seed, epoch and the item), the whole utterance otherwise."""
+        length = int(self.store.lengths[self.rows[index]])
+        if not self.cropped[index]:
+            return 0, length
+        window, shift = frame_geometry(self.fbank_conf)
+        keep = window + (self.crop_frames - 1) * shift
+        start = int(_rng(self.seed, self.epoch, index, _STREAM_CROP).integers(0, length - keep + 1))
+        return start, keep
+
     def batch(self, indices):
         """Host batch (keys, samples int16 [B, S], sample_lengths [B], targets [B]) of item indices."""
-        lengths = self.store.lengths[self.rows[indices]]
+        windows = [self.crop_window(i) for i in indices]
+        lengths = np.array([keep for _, keep in windows], dtype=np.int64)
         samples = np.zeros((len(indices), int(lengths.max())), dtype=np.int16)
-        for row, i in enumerate(indices):
-            samples[row, : lengths[row]] = self.store.samples(self.rows[i])
+        for row, (i, (start, keep)) in enumerate(zip(indices, windows)):
+            samples[row, :keep] = self.store.samples(self.rows[i])[start : start + keep]
         return (
             [self.items[i]["key"] for i in indices],
             torch.from_numpy(samples),
-            torch.from_numpy(lengths.astype(np.int64)),
+            torch.from_numpy(lengths),
             torch.tensor([self.labels[i] for i in indices]),
         )
 

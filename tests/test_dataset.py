@@ -4,6 +4,7 @@ batches featurised on the batch equal to per-utterance features."""
 import collections
 
 import pytest
+import soundfile
 import torch
 
 from helpers_train import TINY_CONFIG, make_split
@@ -152,3 +153,36 @@ def test_spec_augment_masks_bands():
     zero_rows = (out == 0).all(dim=1).sum().item()
     zero_cols = (out == 0).all(dim=0).sum().item()
     assert 1 <= zero_rows <= 10 and 1 <= zero_cols <= 3
+
+
+def test_long_negatives_train_on_a_window_that_moves_each_epoch(train_list):
+    """crop_negatives: a filler longer than N frames is cut to a random N-frame window of its own audio,
+    a new one each epoch (the same on a rerun); keywords stay whole; evaluation sees every utterance whole."""
+    data_list, items = train_list
+    crop = conf(crop_negatives=40)
+    whole = {item["key"]: torch.from_numpy(soundfile.read(item["wav"], dtype="int16")[0]) for item in items}
+    starts = collections.defaultdict(set)
+    for epoch in (0, 1, 2):
+        dataset = KwsDataset(data_list, crop, seed=666)
+        dataset.set_epoch(epoch)
+        for indices in dataset.plan():
+            keys, samples, lengths, targets = dataset.batch(indices)
+            for row, key in enumerate(keys):
+                audio = whole[key]
+                got = samples[row, : lengths[row]]
+                frames = 1 + (len(audio) - 400) // 160
+                if targets[row] == -1 and frames > 40:
+                    assert len(got) == 400 + 39 * 160
+                    start = next(
+                        s for s in range(len(audio) - len(got) + 1) if torch.equal(audio[s : s + len(got)], got)
+                    )
+                    starts[key].add(start)
+                else:
+                    assert torch.equal(got, audio)
+    assert starts and any(len(s) > 1 for s in starts.values())
+    again = KwsDataset(data_list, crop, seed=666)
+    again.set_epoch(2)
+    first = KwsDataset(data_list, crop, seed=666)
+    first.set_epoch(2)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(again, first, strict=True))
+    assert "crop_negatives" not in cv_dataset_conf(crop)

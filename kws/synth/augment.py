@@ -188,6 +188,16 @@ def _istft(spec, window, hop, length):
     size = len(window)
     out = np.zeros(len(frames) * hop + size)
     norm = np.zeros_like(out)
+    if size % hop == 0:
+        # overlap-add as size/hop shifted block sums, the last block first: each sample adds its frames in
+        # the order of the frame loop below, so the result is the same to the bit
+        n, parts = len(frames), size // hop
+        blocks = frames.reshape(n, parts, hop)
+        squared = (window**2).reshape(parts, hop)
+        for j in reversed(range(parts)):
+            out[j * hop : (j + n) * hop] += blocks[:, j].reshape(-1)
+            norm[j * hop : (j + n) * hop] += np.tile(squared[j], n)
+        return (out / np.maximum(norm, 1e-3))[:length]
     for i, frame in enumerate(frames):
         out[i * hop : i * hop + size] += frame
         norm[i * hop : i * hop + size] += window**2
@@ -211,25 +221,29 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, wa
         cep = np.fft.irfft(log_mag, size, axis=1)
         cep[:, lifter : size - lifter + 1] = 0.0
         envelope = np.fft.rfft(cep, size, axis=1).real
-        bins = np.arange(len(freqs))
-        if warp is None:
-            warped = np.stack([np.interp(bins / formant, bins, row) for row in envelope])
-        else:  # the envelope at f moves to f * factor(f); factors keep f * factor(f) increasing
-            moved = freqs * np.interp(freqs, *warp)
-            warped = np.stack([np.interp(freqs, moved, row) for row in envelope])
+        # the envelope at f moves to f * formant * factor(f) (factors keep that increasing): one linear
+        # interpolation, the same for every frame
+        moved = freqs * formant * (np.interp(freqs, *warp) if warp is not None else 1.0)
+        right = np.clip(np.searchsorted(moved, freqs, side="right"), 1, len(freqs) - 1)
+        left = right - 1
+        weight = np.clip((freqs - moved[left]) / (moved[right] - moved[left]), 0.0, 1.0)
+        warped = envelope[:, left] * (1.0 - weight) + envelope[:, right] * weight
         spec = spec * np.exp(warped - envelope)
     if gain_db is not None:
         gain = 10 ** (gain_db(freqs) / 20)
     return _istft(spec * gain, window, hop, len(x)).astype(np.float32)
 
 
-def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0):
-    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant)."""
+def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=None):
+    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant; `warp` and
+    `gain_db` as in reshape_spectrum, applied in the same pass)."""
     factor = Fraction(round(2 ** (semitones / 12), 2)).limit_denominator(100)
     y = resample(x, Fraction(rate), Fraction(rate) / factor) if factor != 1 else np.asarray(x, np.float32)
     y = time_stretch(y, rate, float(factor) * tempo)
     relative = formant / float(factor)  # resampling moved the formants by `factor` too: undo, then apply
-    return reshape_spectrum(y, rate, formant=relative) if abs(relative - 1) > 1e-3 else y
+    if abs(relative - 1) <= 1e-3 and warp is None and gain_db is None:
+        return y
+    return reshape_spectrum(y, rate, formant=relative, warp=warp, gain_db=gain_db)
 
 
 def formant_warp(rng, low=0.85, high=1.2):
@@ -303,12 +317,9 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
     y = np.asarray(x, np.float32)
     if "gaps" in on:
         y = jitter_gaps(y, rate, on["gaps"])
-    if "pitch" in on or "rate" in on:
-        y = pitch_shift(y, rate, on.get("pitch", 0.0), formant=on.get("vtl", 1.0), tempo=on.get("rate", 1.0))
-    elif "vtl" in on:
-        y = reshape_spectrum(y, rate, formant=on["vtl"])
-    if "formants" in on:
-        y = reshape_spectrum(y, rate, warp=on["formants"])
-    if "eq" in on:
-        y = reshape_spectrum(y, rate, gain_db=on["eq"])
+    spectral = {"formant": on.get("vtl", 1.0), "warp": on.get("formants"), "gain_db": on.get("eq")}
+    if "pitch" in on or "rate" in on:  # one STFT pass for the envelope and the EQ
+        y = pitch_shift(y, rate, on.get("pitch", 0.0), tempo=on.get("rate", 1.0), **spectral)
+    elif on.keys() & {"vtl", "formants", "eq"}:
+        y = reshape_spectrum(y, rate, **spectral)
     return y
