@@ -79,6 +79,18 @@ def shard_order(num_items, seed, epoch, shuffle, rank=0, world_size=1):
     return order[rank::world_size].tolist()
 
 
+def keyword_end_frames(items, fbank_conf, sample_rate=16000):
+    """{key: frame} for the items with a keyword_end (seconds; the synthetic corpus records it): the
+    first frame whose analysis window reaches the end of the keyword."""
+    window, shift = frame_geometry(fbank_conf, sample_rate)
+    ends = {}
+    for item in items:
+        if item.get("keyword_end") is not None:
+            end = int(round(float(item["keyword_end"]) * sample_rate))
+            ends[item["key"]] = max(0, -(-(end - window) // shift))
+    return ends
+
+
 def padded_length(frames):
     """Batch length for a longest utterance of `frames`: rounded up to a multiple of PAD_MULTIPLE."""
     return -(-int(frames) // PAD_MULTIPLE) * PAD_MULTIPLE

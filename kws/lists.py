@@ -23,7 +23,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
 
     Items hold key, txt (the token, as WeKws HEAD writes it), duration, wav, and label (the keyword id);
     with a `utt2voice` beside wav.scp (the synthetic corpus: `<key> <engine> <voice>`) also engine and voice,
-    with a `utt2kind` (`<key> <kind>`: keyword, partial, near_miss, speech, ...) also kind.
+    with a `utt2kind` (`<key> <kind>`: keyword, partial, near_miss, speech, ...) also kind, and with a
+    `utt2keyword_end` (`<key> <seconds>`: where a positive's keyword ends) also keyword_end.
     """
     data_dir = Path(data_dir)
     scp_path, text_path = data_dir / "wav.scp", data_dir / "text"
@@ -33,6 +34,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     voice_path, kind_path = data_dir / "utt2voice", data_dir / "utt2kind"
     voices = read_numbered_map(voice_path) if voice_path.is_file() else {}
     kinds = read_numbered_map(kind_path) if kind_path.is_file() else {}
+    end_path = data_dir / "utt2keyword_end"
+    ends = read_numbered_map(end_path) if end_path.is_file() else {}
     if not scp:
         raise KwsError(f"{scp_path}: no utterances")
     for key, (number, _) in scp.items():
@@ -49,6 +52,15 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     for key, (number, value) in kinds.items():
         if key not in scp or len(value.split()) != 1:
             raise KwsError(f"{kind_path}:{number}: expected `<key> <kind>` for a key of {scp_path}")
+    for key, (number, value) in ends.items():
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if key not in scp or not seconds >= 0:
+            raise KwsError(f"{end_path}:{number}: expected `<key> <seconds>` for a key of {scp_path}")
+        if dictionary[text[key][1]] < 0:
+            raise KwsError(f"{end_path}:{number}: {key} is not a keyword utterance in {text_path}")
     check_keyword_positives((label for _, label in text.values()), dictionary, data_dir.name, text_path)
     for key, (number, wav) in scp.items():
         if wav.endswith("|"):
@@ -72,6 +84,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             item["engine"], item["voice"] = voices[key][1].split()
         if key in kinds:
             item["kind"] = kinds[key][1]
+        if key in ends:
+            item["keyword_end"] = min(float(ends[key][1]), duration)
         items.append(item)
     return items
 

@@ -2,8 +2,9 @@
 
 Every loss has the signature `(logits [B, T, K], lengths [B], targets [B], min_duration=0) -> (loss, acc)`:
 `targets` are keyword ids (-1 = filler), `lengths` the valid frames per utterance (clamped to [1, T]),
-`min_duration` (frames) the earliest frame at which the target keyword may count. `loss` is a scalar
-tensor, `acc` a Python float (fraction of utterances decided correctly).
+`min_duration` (frames) the earliest frame at which the target keyword may count: one number, or one
+per utterance ([B]: train.end_anchor's frames, from where each positive's keyword ends). `loss` is a
+scalar tensor, `acc` a Python float (fraction of utterances decided correctly).
 """
 
 import torch
@@ -26,6 +27,13 @@ def _check(logits, lengths, targets):
             f"got {sorted(set(targets.tolist()))}"
         )
     return lengths.clamp(1, max(frames, 1)), targets
+
+
+def _window_start(lengths, min_duration):
+    """First frame of each utterance's target window: min_duration (a number or [B]), or 0 where the
+    utterance is not longer than that (WeKws)."""
+    floor = torch.as_tensor(min_duration, device=lengths.device).long().expand_as(lengths)
+    return torch.where(lengths > floor, floor, torch.zeros_like(lengths))
 
 
 class _PooledLogitsCPU(torch.autograd.Function):
@@ -70,7 +78,7 @@ def _pooled_logits_cpu(logits, lengths, targets, min_duration):
     """pooled_logits for CPU tensors with several keywords (see _PooledLogitsCPU)."""
     num_keywords = logits.shape[2]
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)), torch.zeros_like(lengths))
+    start = _window_start(lengths, min_duration)
     zmax = _PooledLogitsCPU.apply(logits, lengths, start, targets).to(dtype)
     is_target = targets.unsqueeze(1) == torch.arange(num_keywords).unsqueeze(0)
     return zmax, is_target
@@ -90,7 +98,7 @@ def pooled_logits(logits, lengths, targets, min_duration=0):
     batch, frames, num_keywords = logits.shape
     t = torch.arange(frames, device=logits.device).unsqueeze(0)  # [1, T]
     valid = t < lengths.unsqueeze(1)  # [B, T]
-    start = torch.where(lengths > min_duration, torch.full_like(lengths, int(min_duration)), torch.zeros_like(lengths))
+    start = _window_start(lengths, min_duration)
     window = valid & (t >= start.unsqueeze(1))  # [B, T]
     keyword_ids = torch.arange(num_keywords, device=logits.device)
     is_target = targets.unsqueeze(1) == keyword_ids.unsqueeze(0)  # [B, K]

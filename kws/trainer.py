@@ -44,7 +44,7 @@ from kws.audio_store import open_or_build
 from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
 from kws.datalist import dictionary_arg, read_data_list
-from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of
+from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of, keyword_end_frames
 from kws.distributed import (
     Dist,
     choose_device,
@@ -56,6 +56,7 @@ from kws.distributed import (
     resolve_backend,
 )
 from kws.errors import KwsError
+from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
@@ -176,6 +177,11 @@ def resolve_config(args):
     tc.setdefault("criterion", "max_pooling")
     tc.setdefault("max_nonfinite_steps", DEFAULT_MAX_NONFINITE)
     tc["min_duration"] = args.min_duration
+    anchor = tc.get("end_anchor")
+    if anchor is not None and (isinstance(anchor, bool) or not isinstance(anchor, int) or anchor < 0):
+        raise KwsError(
+            f"{args.config}: training_config.end_anchor must be a number of frames >= 0 or null, got {anchor!r}"
+        )
     for key in ("max_epoch", "log_interval"):
         if isinstance(tc[key], bool) or not isinstance(tc[key], int) or tc[key] < 1:
             raise KwsError(f"{args.config}: training_config.{key} must be a positive integer, got {tc[key]!r}")
@@ -265,6 +271,22 @@ class TrainState:
     rank: int = 0
     step: int = 0
     writer: object = None
+    end_anchor: int = None  # training_config.end_anchor
+    end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
+
+
+def target_floor(state, keys):
+    """The earliest frame at which each utterance's target keyword counts: min_duration, or with
+    training_config.end_anchor that many frames before the keyword's recorded end, so that a positive
+    is learned where the whole keyword has been heard, not at a prefix that is a negative of its own
+    (你好问 of 你好问问); utterances without a recorded end keep min_duration."""
+    if state.end_anchor is None:
+        return state.min_duration
+    ends = state.end_frames or {}
+    floors = [
+        max(state.min_duration, ends[key] - state.end_anchor) if key in ends else state.min_duration for key in keys
+    ]
+    return torch.tensor(floors, device=state.device)
 
 
 def optimizer_step(model, optimizer, grad_clip):
@@ -293,10 +315,10 @@ def idle_backward(model, input_dim, device):
 def batch_backward(state, batch, active_ranks):
     """Forward and backward of one batch, the loss scaled so that DDP's average over all ranks is the
     mean over the `active_ranks` that had a batch. Returns (loss, acc)."""
-    _, feats, lengths, targets = batch
+    keys, feats, lengths, targets = batch
     feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
     logits, _ = state.model(feats)
-    loss, acc = state.criterion(logits, lengths, targets, state.min_duration)
+    loss, acc = state.criterion(logits, lengths, targets, target_floor(state, keys))
     scale = state.dist.world_size / active_ranks
     (loss * scale if scale != 1 else loss).backward()
     return loss.item(), acc
@@ -362,7 +384,7 @@ def evaluate(state, batches):
         for keys, feats, lengths, targets in batches:
             feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
             logits, _ = model(feats)
-            loss, acc = state.criterion(logits, lengths, targets, state.min_duration)
+            loss, acc = state.criterion(logits, lengths, targets, target_floor(state, keys))
             loss_sum += float(loss) * len(keys)
             acc_sum += acc * len(keys)
             utts += len(keys)
@@ -497,6 +519,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         guard=NonFiniteGuard(tc["max_nonfinite_steps"]),
         log_interval=int(tc["log_interval"]),
         rank=rank,
+        end_anchor=tc.get("end_anchor"),
+        end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
     )
     if resume.path:
         p = resume.payload

@@ -157,6 +157,12 @@ TABLE_CASES = {
         lambda s: s.replace(s.splitlines()[0], "train_c0_00 sox x.wav -t wav - |"),
         "wav.scp:1: train_c0_00: piped commands are not supported",
     ),
+    "keyword_end_not_a_number": ("utt2keyword_end", lambda s: "train_c1_00 soon\n", "utt2keyword_end:1: expected"),
+    "keyword_end_of_a_filler": (
+        "utt2keyword_end",
+        lambda s: "train_c0_00 0.2\n",
+        "utt2keyword_end:1: train_c0_00 is not a keyword utterance",
+    ),
     "empty_list": ("wav.scp", lambda s: "", "wav.scp: no utterances"),
     "missing_list": ("wav.scp", None, "wav.scp: file not found"),
     "missing_text": ("text", None, "text: file not found"),
@@ -170,12 +176,27 @@ def test_bad_tables(tiny_corpus, case):
     if edit is None:
         (split / name).unlink()
     else:
-        (split / name).write_text(edit((split / name).read_text()))
+        (split / name).write_text(edit((split / name).read_text() if (split / name).exists() else ""))
     with pytest.raises(KwsError, match=r"^[^\n]*$") as info:
         make_list(split, tiny_corpus / "dict" / "words.txt")
     assert message in str(info.value)
     assert str(split) in str(info.value)
-    assert [p for p in leftovers(split) if p not in ("wav.scp", "text")] == []
+    assert [p for p in leftovers(split) if p not in ("wav.scp", "text", name)] == []
+
+
+def test_keyword_ends_reach_data_list(tiny_corpus):
+    """utt2keyword_end (the synthetic corpus writes it) becomes data.list's keyword_end, read back as is."""
+    split, words = tiny_corpus / "train", tiny_corpus / "dict" / "words.txt"
+    (split / "utt2keyword_end").write_text("train_c1_00 0.2000\ntrain_c2_01 9.5\n")
+    make_list(split, words)
+    items = {item["key"]: item for item in read_data_list(split / "data.list", dictionary=read_dictionary(words))}
+    assert items["train_c1_00"]["keyword_end"] == 0.2
+    assert items["train_c2_01"]["keyword_end"] == items["train_c2_01"]["duration"]  # clipped to the audio
+    assert all("keyword_end" not in item for key, item in items.items() if key not in ("train_c1_00", "train_c2_01"))
+    line = json.dumps({"key": "x", "txt": "<FILLER>", "duration": 1.0, "wav": "x.wav", "keyword_end": 2.0})
+    (split / "bad.list").write_text(line + "\n")
+    with pytest.raises(KwsError, match="bad.list:1: keyword_end must be"):
+        read_data_list(split / "bad.list")
 
 
 def test_bad_tables_cli(tiny_corpus, tmp_path):

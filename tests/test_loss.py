@@ -134,6 +134,28 @@ def test_min_duration_window_and_short_utterances():
     assert acc == 0.5
 
 
+@pytest.mark.parametrize("num_keywords", [2, 9])  # the vectorised path and the CPU autograd node
+def test_per_utterance_window_start_is_each_rows_own_min_duration(num_keywords):
+    """train's end anchor: a [B] min_duration gives each utterance the loss it has with its own number."""
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 30, num_keywords, generator=generator, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([30, 25, 12, 30])
+    targets = torch.tensor([0, 1, 0, -1])
+    floors = torch.tensor([20, 5, 15, 0])  # row 2: 12 frames <= 15, so all of them (WeKws)
+    loss, _ = max_pooling_loss(logits, lengths, targets, floors)
+    (grad,) = torch.autograd.grad(loss, logits)
+    rows = [
+        max_pooling_loss(logits[i : i + 1], lengths[i : i + 1], targets[i : i + 1], int(floors[i]))[0] for i in range(4)
+    ]
+    assert loss.item() == pytest.approx(sum(r.item() for r in rows) / 4)
+    (row_grad,) = torch.autograd.grad(sum(rows) / 4, logits)
+    assert torch.allclose(grad, row_grad)
+    late = torch.full((1, 30, 1), -5.0, dtype=torch.float64)
+    late[0, 8, 0] = 5.0  # fires at frame 8 only: counts from floor 5, not from floor 20
+    assert max_pooling_loss(late, [30], [0], torch.tensor([5]))[1] == 1.0
+    assert max_pooling_loss(late, [30], [0], torch.tensor([20]))[1] == 0.0
+
+
 def wekws_max_pooling(logits, lengths, targets, min_duration=0):
     """WeKws HEAD's max-pooling loss (wekws/model/loss.py) restated: for the target keyword the first
     min_duration frames are masked whatever the utterance's length, and probabilities are clamped to

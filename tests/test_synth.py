@@ -130,6 +130,23 @@ def test_augmentation_changes_the_signal(corpora):
     assert len(a) != len(c) or not np.allclose(a, c, atol=1e-3)
 
 
+def test_positives_said_alone_record_where_their_keyword_ends(corpora):
+    """utt2keyword_end: every positive whose text is the keyword alone, at lead silence + speech (on the
+    clean corpus exactly 0.1 s before the end); none for fillers or a keyword followed by a command."""
+    root, _ = corpora
+    for name in ("a", "clean"):
+        for split in SPLITS:
+            text = read_kaldi_map(root / name / split / "text")
+            ends = {k: float(v) for k, v in read_kaldi_map(root / name / split / "utt2keyword_end").items()}
+            positives = [k for k, token in text.items() if token != "<FILLER>"]
+            assert ends and set(ends) <= set(positives) and len(ends) >= len(positives) / 2
+            for key, end in ends.items():
+                seconds = soundfile.info(root / name / "wav" / split / f"{key}.wav").duration
+                assert 0.3 < end < seconds
+                if name == "clean":
+                    assert end == pytest.approx(seconds - 0.1, abs=1e-4)
+
+
 def test_speaker_augmentation_changes_training_only(corpora):
     """Dev and test are the same split, byte for byte, with speaker augmentation on or off: runs with and
     without it are compared on the same speech."""

@@ -380,3 +380,38 @@ def test_a_lowered_max_epoch_keeps_only_its_epochs_in_the_records(setup, referen
     rows = (model_dir / "train_log.tsv").read_text().splitlines()
     assert [row.split("\t")[0] for row in rows] == ["epoch", "1", "2"]
     assert yaml.safe_load((model_dir / "final.yaml").read_text())["epochs"] == [1, 2]
+
+
+def test_end_anchor_counts_positives_from_their_keyword_end(setup, monkeypatch, tmp_path):
+    """training_config.end_anchor: a positive with a keyword_end in the list counts from end_anchor frames
+    before that end (never before min_duration); one without keeps min_duration; a bad value is refused."""
+    import json
+
+    _, corpus, config = setup
+    items = [json.loads(line) for line in Path(corpus["train"]).read_text().splitlines()]
+    ends = {}
+    for item in items:
+        if item["txt"] != -1 and len(ends) < 3:
+            item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.05, 4)
+    anchored = tmp_path / "train.list"
+    anchored.write_text("".join(json.dumps(item) + "\n" for item in items))
+    seen = {}
+    real_floor = trainer.target_floor
+
+    def recording_floor(state, keys):
+        floor = real_floor(state, keys)
+        seen.update(zip(keys, torch.as_tensor(floor).expand(len(keys)).tolist()))
+        return floor
+
+    monkeypatch.setattr(trainer, "target_floor", recording_floor)
+    argv = train_argv(
+        {**corpus, "train": anchored}, config, tmp_path / "anchored", "--threads", "1", "--max_epoch", "1"
+    )
+    assert trainer.main([*argv, "--override", "training_config.end_anchor=3"]) == 0
+    for key, end in ends.items():  # 25 ms window, 10 ms shift: the frame whose window reaches the end
+        assert seen[key] == max(5, -(-(round(end * 16000) - 400) // 160) - 3)
+    assert ends and all(seen[item["key"]] == 5 for item in items if item["key"] not in ends)
+    assert any(seen[key] > 5 for key in ends)
+
+    with pytest.raises(KwsError, match="training_config.end_anchor must be"):
+        trainer.main([*argv, "--override", "training_config.end_anchor=-1"])

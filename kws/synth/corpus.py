@@ -323,7 +323,16 @@ def _clean_and_speed(rng, augment):
     return clean, speed
 
 
+def _said_alone(item):
+    """A positive whose text is the keyword alone (no command after it): its speech ends where the keyword does."""
+    from kws.synth.phrases import COMMANDS
+
+    text = item["requests"][0]["text"]
+    return item["token"] != FILLER and not any(text.endswith("，" + command) for command in COMMANDS)
+
+
 def _render_utterance(item, pcm, augment, babble, transforms=()):
+    """The utterance's audio, and for a positive said alone the second its keyword ends (else None)."""
     import numpy as np
 
     from kws.synth import augment as aug
@@ -337,6 +346,7 @@ def _render_utterance(item, pcm, augment, babble, transforms=()):
     x = aug.set_level(x, level)
     speech_rms = aug.rms(x)
     lead, trail = (0.1, 0.1) if not augment else (rng.uniform(0.05, 1.0), rng.uniform(0.05, 0.8))
+    keyword_end = (int(lead * SAMPLE_RATE) + len(x)) / SAMPLE_RATE if _said_alone(item) else None
     x = np.concatenate(
         [np.zeros(int(lead * SAMPLE_RATE), np.float32), x, np.zeros(int(trail * SAMPLE_RATE), np.float32)]
     )
@@ -344,7 +354,7 @@ def _render_utterance(item, pcm, augment, babble, transforms=()):
         x = _noise_and_reverb(x, rng, speech_rms, babble, (0.0, 25.0), p_reverb=0.35, p_noise=0.85)
     elif augment:  # even "clean" items get a faint noise floor instead of digital silence
         x = aug.add_noise(x, rng.standard_normal(len(x)).astype(np.float32), rng.uniform(40, 60), speech_rms)
-    return aug.limit_peak(x)
+    return aug.limit_peak(x), keyword_end
 
 
 def _render_stream(item, pcms, augment, babble, transforms=()):
@@ -401,10 +411,13 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     for item in chunk["items"]:
         mine = pcms[offset : offset + len(item["requests"])]
         offset += len(item["requests"])
+        keyword_end = None
         if item["kind"] == "stream":
             audio = _render_stream(item, mine, augment, babble, transforms)
+        elif mine[0] is None:
+            audio = None
         else:
-            audio = None if mine[0] is None else _render_utterance(item, mine[0], augment, babble, transforms)
+            audio, keyword_end = _render_utterance(item, mine[0], augment, babble, transforms)
         if audio is None or len(audio) == 0:
             records.append({"key": item["key"], "split": item["split"], "skipped": True})
             continue
@@ -419,6 +432,7 @@ def render_chunk(chunk, tmp_root, augment, log=None):
                 "seconds": len(audio) / SAMPLE_RATE,
                 "engine": engine,
                 "voice": voice,
+                "keyword_end": keyword_end,
             }
         )
     return records

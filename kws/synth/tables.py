@@ -9,7 +9,7 @@ from kws.datalist import write_dictionary
 from kws.fileio import atomic_open
 
 # every list a split of the corpus may hold (wav.dur and data.list come from make_list)
-SPLIT_TABLES = ("wav.scp", "text", "wav.dur", "data.list", "utt2voice", "utt2kind")
+SPLIT_TABLES = ("wav.scp", "text", "wav.dur", "data.list", "utt2voice", "utt2kind", "utt2keyword_end")
 
 
 def remove_tables(out, splits):
@@ -31,6 +31,11 @@ def write_tables(out, out_text, tokens, filler, by_split, kinds):
         # what each negative is: metrics count false alarms by it
         with atomic_open(out / split / "utt2kind") as handle:
             handle.writelines(f"{r['key']} {kinds[r['key']]}\n" for r in records)
+        # where each positive said alone ends its keyword (seconds): training can anchor on it
+        with atomic_open(out / split / "utt2keyword_end") as handle:
+            handle.writelines(
+                f"{r['key']} {r['keyword_end']:.4f}\n" for r in records if r.get("keyword_end") is not None
+            )
         with atomic_open(out / split / "text") as handle:
             handle.writelines(f"{r['key']} {r['token']}\n" for r in records)
         with atomic_open(out / split / "wav.scp") as handle:
