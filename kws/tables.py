@@ -188,11 +188,20 @@ def metrics_markdown(metrics, title=None):
     return "\n".join(lines).rstrip() + "\n"
 
 
+NA_AS_ALL_NOTE = (
+    "‡ a run with n/a counts as 100 % in the median [min-max]: no threshold meets the target, so at any "
+    "threshold that does it would miss every keyword."
+)
+
+
 def _spread_cell(values):
-    values = [v for v in values if v is not None]
-    if not values:
+    """median [min-max] over runs; a run where no threshold meets the target (None) counts as FRR 100 %,
+    not as a missing run, so that a failed seed cannot improve its experiment's median."""
+    if not values or all(v is None for v in values):
         return "n/a"
-    return f"{100 * statistics.median(values):.2f} % [{100 * min(values):.2f}-{100 * max(values):.2f}]"
+    marked = " ‡" if any(v is None for v in values) else ""
+    values = [1.0 if v is None else v for v in values]
+    return f"{100 * statistics.median(values):.2f} % [{100 * min(values):.2f}-{100 * max(values):.2f}]{marked}"
 
 
 def compare_metrics(named, experiments=None):
@@ -238,6 +247,8 @@ def compare_metrics(named, experiments=None):
     for name, m in loaded:
         tsv += ["\t".join(row) for row in _tsv_rows(m, experiment=str(name))]
     md += ["", "FRR with its 95 % interval; n/a: no threshold meets the target."]
+    if any("‡" in line for line in md):
+        md += ["", NA_AS_ALL_NOTE]
     if unresolved:
         md += ["", UNRESOLVED_NOTE]
     return "\n".join(md) + "\n", "\n".join(tsv) + "\n"

@@ -262,6 +262,11 @@ def test_compare_metrics(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| <HI_THERE> | **exp**"))
     assert row.split(" | ")[-2:] == ["50.00 % [0.00-100.00]", "- |"]  # 2 FA/h; 5 FA/h not evaluated
     assert "median [min-max] of 3" in row and "**other**" not in md
+    # a seed that meets no target is a failed seed, not a missing one: it counts as 100 %
+    d["keywords"]["hi_there"]["operating_points"][2]["frr"] = None
+    md, _ = compare_metrics([("s1", a), ("s2", c), ("s3", d)], ["exp"] * 3)
+    row = next(line for line in md.splitlines() if line.startswith("| <HI_THERE> | **exp**"))
+    assert row.split(" | ")[-1] == "50.00 % [0.00-100.00] ‡ |" and "‡ a run with n/a counts as 100 %" in md
 
 
 def test_cli(tmp_path):
