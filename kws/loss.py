@@ -3,8 +3,9 @@
 Every loss has the signature `(logits [B, T, K], lengths [B], targets [B], min_duration=0) -> (loss, acc)`:
 `targets` are keyword ids (-1 = filler), `lengths` the valid frames per utterance (clamped to [1, T]),
 `min_duration` (frames) the earliest frame at which the target keyword may count: one number, or one
-per utterance ([B]: train.end_anchor's frames, from where each positive's keyword ends). `loss` is a
-scalar tensor, `acc` a Python float (fraction of utterances decided correctly).
+per utterance ([B]); `window_end` (optional, [B]) the frame before which it must count
+(training_config.end_anchor: a window around where each positive's keyword ends). `loss` is a scalar
+tensor, `acc` a Python float (fraction of utterances decided correctly).
 """
 
 import torch
@@ -29,11 +30,16 @@ def _check(logits, lengths, targets):
     return lengths.clamp(1, max(frames, 1)), targets
 
 
-def _window_start(lengths, min_duration):
-    """First frame of each utterance's target window: min_duration (a number or [B]), or 0 where the
-    utterance is not longer than that (WeKws)."""
+def _target_window(lengths, min_duration, window_end=None):
+    """(start, stop) [B] of each utterance's target window: from min_duration (a number or [B]), or 0
+    where the utterance is not longer than that (WeKws), to window_end ([B], at most the length; never
+    empty), else to the length."""
     floor = torch.as_tensor(min_duration, device=lengths.device).long().expand_as(lengths)
-    return torch.where(lengths > floor, floor, torch.zeros_like(lengths))
+    start = torch.where(lengths > floor, floor, torch.zeros_like(lengths))
+    if window_end is None:
+        return start, lengths
+    stop = torch.minimum(lengths, torch.as_tensor(window_end, device=lengths.device).long().expand_as(lengths))
+    return start, torch.maximum(stop, start + 1)
 
 
 class _PooledLogitsCPU(torch.autograd.Function):
@@ -48,14 +54,14 @@ class _PooledLogitsCPU(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, lengths, start, targets):
+    def forward(ctx, logits, lengths, start, stop, targets):
         batch, frames, num_keywords = logits.shape
         values = logits.new_empty(batch, num_keywords)
         frame = torch.empty(batch, num_keywords, dtype=torch.int64)
         for b, length in enumerate(lengths.tolist()):
             torch.max(logits[b, :length], dim=0, out=(values[b], frame[b]))
         t = torch.arange(frames).unsqueeze(0)
-        window = (t < lengths.unsqueeze(1)) & (t >= start.unsqueeze(1))  # [B, T]
+        window = (t < stop.unsqueeze(1)) & (t >= start.unsqueeze(1))  # [B, T]
         rows = (targets >= 0).nonzero().squeeze(1)
         cols = targets[rows]
         target_logits = logits[rows, :, cols].masked_fill(~window[rows], float("-inf"))  # [R, T]
@@ -71,35 +77,36 @@ class _PooledLogitsCPU(torch.autograd.Function):
         (frame,) = ctx.saved_tensors
         out = grad.new_zeros(ctx.shape, dtype=ctx.dtype)
         out.scatter_(1, frame.unsqueeze(1), grad.unsqueeze(1).to(ctx.dtype))
-        return out, None, None, None
+        return out, None, None, None, None
 
 
-def _pooled_logits_cpu(logits, lengths, targets, min_duration):
+def _pooled_logits_cpu(logits, lengths, targets, min_duration, window_end):
     """pooled_logits for CPU tensors with several keywords (see _PooledLogitsCPU)."""
     num_keywords = logits.shape[2]
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    start = _window_start(lengths, min_duration)
-    zmax = _PooledLogitsCPU.apply(logits, lengths, start, targets).to(dtype)
+    start, stop = _target_window(lengths, min_duration, window_end)
+    zmax = _PooledLogitsCPU.apply(logits, lengths, start, stop, targets).to(dtype)
     is_target = targets.unsqueeze(1) == torch.arange(num_keywords).unsqueeze(0)
     return zmax, is_target
 
 
-def pooled_logits(logits, lengths, targets, min_duration=0):
+def pooled_logits(logits, lengths, targets, min_duration=0, window_end=None):
     """Per-utterance, per-keyword max logit [B, K] over the frames that count for it, and the target mask.
 
     For the target keyword of an utterance: frames [min_duration, length), or all valid frames when
-    length <= min_duration (WeKws). For other keywords and fillers: all valid frames [0, length).
+    length <= min_duration (WeKws); with `window_end`, frames before it only. For other keywords and
+    fillers: all valid frames [0, length).
     max_t sigmoid(z_t) = sigmoid(max_t z_t), so pooling the logits pools the posteriors.
     Returns (zmax [B, K] in at least float32, is_target [B, K] bool).
     """
     lengths, targets = _check(logits, lengths, targets)
     if logits.device.type == "cpu" and logits.shape[0] > 0 and logits.shape[1] > 0 and logits.shape[2] >= 8:
-        return _pooled_logits_cpu(logits, lengths, targets, min_duration)
+        return _pooled_logits_cpu(logits, lengths, targets, min_duration, window_end)
     batch, frames, num_keywords = logits.shape
     t = torch.arange(frames, device=logits.device).unsqueeze(0)  # [1, T]
     valid = t < lengths.unsqueeze(1)  # [B, T]
-    start = _window_start(lengths, min_duration)
-    window = valid & (t >= start.unsqueeze(1))  # [B, T]
+    start, stop = _target_window(lengths, min_duration, window_end)
+    window = (t < stop.unsqueeze(1)) & (t >= start.unsqueeze(1))  # [B, T]
     keyword_ids = torch.arange(num_keywords, device=logits.device)
     is_target = targets.unsqueeze(1) == keyword_ids.unsqueeze(0)  # [B, K]
     mask = torch.where(is_target.unsqueeze(1), window.unsqueeze(2), valid.unsqueeze(2))  # [B, T, K]
@@ -108,7 +115,7 @@ def pooled_logits(logits, lengths, targets, min_duration=0):
     return masked.amax(dim=1), is_target
 
 
-def max_pooling_loss(logits, lengths, targets, min_duration=0):
+def max_pooling_loss(logits, lengths, targets, min_duration=0, window_end=None):
     """WeKws max-pooling loss, vectorised and numerically stable.
 
     Per utterance, summed over keywords k: -log(max_t p_tk) for the target keyword (frames from
@@ -118,7 +125,7 @@ def max_pooling_loss(logits, lengths, targets, min_duration=0):
     acc: an utterance is right when its target keyword fires (max posterior >= 0.5) and no other keyword
     does (all < 0.5; for fillers: no keyword fires).
     """
-    zmax, is_target = pooled_logits(logits, lengths, targets, min_duration)
+    zmax, is_target = pooled_logits(logits, lengths, targets, min_duration, window_end)
     batch = max(zmax.size(0), 1)
     per_term = torch.where(is_target, F.softplus(-zmax), F.softplus(zmax))
     loss = per_term.sum() / batch
@@ -129,7 +136,7 @@ def max_pooling_loss(logits, lengths, targets, min_duration=0):
     return loss, acc
 
 
-def cross_entropy_loss(logits, lengths, targets, min_duration=0):
+def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None):
     """Utterance-level softmax cross entropy over K + 1 classes with an implicit filler class.
 
     The model keeps its K per-frame keyword logits (same model as for max pooling). Each keyword's
@@ -139,7 +146,7 @@ def cross_entropy_loss(logits, lengths, targets, min_duration=0):
     the same as the max-pooling loss's binary decision, since softmax([z, 0])[0] = sigmoid(z).
     acc: fraction of utterances whose argmax class equals the target class.
     """
-    zmax, _ = pooled_logits(logits, lengths, targets, min_duration)
+    zmax, _ = pooled_logits(logits, lengths, targets, min_duration, window_end)
     _, targets = _check(logits, lengths, targets)
     num_keywords = zmax.size(1)
     scores = torch.cat((zmax, zmax.new_zeros(zmax.size(0), 1)), dim=1)  # [B, K + 1]

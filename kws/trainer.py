@@ -275,18 +275,18 @@ class TrainState:
     end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
 
 
-def target_floor(state, keys):
-    """The earliest frame at which each utterance's target keyword counts: min_duration, or with
-    training_config.end_anchor that many frames before the keyword's recorded end, so that a positive
-    is learned where the whole keyword has been heard, not at a prefix that is a negative of its own
-    (你好问 of 你好问问); utterances without a recorded end keep min_duration."""
+def target_window(state, keys):
+    """(from, before) frames within which each utterance's target keyword counts: from min_duration to
+    the end, or with training_config.end_anchor N, within N frames of the keyword's recorded end, so that a
+    positive is learned where the whole keyword has just been heard: not at a prefix that is a negative
+    of its own (你好问 of 你好问问), nor in the silence after it, which any pause resembles. Utterances
+    without a recorded end keep min_duration to the end."""
     if state.end_anchor is None:
-        return state.min_duration
-    ends = state.end_frames or {}
-    floors = [
-        max(state.min_duration, ends[key] - state.end_anchor) if key in ends else state.min_duration for key in keys
-    ]
-    return torch.tensor(floors, device=state.device)
+        return state.min_duration, None
+    ends, anchor, floor = state.end_frames or {}, state.end_anchor, state.min_duration
+    starts = [max(floor, ends[key] - anchor) if key in ends else floor for key in keys]
+    stops = [ends[key] + anchor + 1 if key in ends else 1 << 30 for key in keys]
+    return torch.tensor(starts, device=state.device), torch.tensor(stops, device=state.device)
 
 
 def optimizer_step(model, optimizer, grad_clip):
@@ -318,7 +318,7 @@ def batch_backward(state, batch, active_ranks):
     keys, feats, lengths, targets = batch
     feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
     logits, _ = state.model(feats)
-    loss, acc = state.criterion(logits, lengths, targets, target_floor(state, keys))
+    loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
     scale = state.dist.world_size / active_ranks
     (loss * scale if scale != 1 else loss).backward()
     return loss.item(), acc
@@ -384,7 +384,7 @@ def evaluate(state, batches):
         for keys, feats, lengths, targets in batches:
             feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
             logits, _ = model(feats)
-            loss, acc = state.criterion(logits, lengths, targets, target_floor(state, keys))
+            loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
             loss_sum += float(loss) * len(keys)
             acc_sum += acc * len(keys)
             utts += len(keys)

@@ -154,6 +154,21 @@ def test_per_utterance_window_start_is_each_rows_own_min_duration(num_keywords):
     late[0, 8, 0] = 5.0  # fires at frame 8 only: counts from floor 5, not from floor 20
     assert max_pooling_loss(late, [30], [0], torch.tensor([5]))[1] == 1.0
     assert max_pooling_loss(late, [30], [0], torch.tensor([20]))[1] == 0.0
+    # window_end: frames from it on do not count for the target (an empty window keeps its first frame)
+    assert max_pooling_loss(late, [30], [0], torch.tensor([5]), torch.tensor([9]))[1] == 1.0
+    assert max_pooling_loss(late, [30], [0], torch.tensor([5]), torch.tensor([8]))[1] == 0.0
+    assert max_pooling_loss(late, [30], [0], torch.tensor([8]), torch.tensor([3]))[1] == 1.0
+    windows = torch.tensor([25, 25, 12, 30])
+    loss, _ = max_pooling_loss(logits, lengths, targets, floors, windows)
+    rows = [
+        max_pooling_loss(
+            logits[i : i + 1], lengths[i : i + 1], targets[i : i + 1], floors[i : i + 1], windows[i : i + 1]
+        )[0]
+        for i in range(4)
+    ]
+    assert loss.item() == pytest.approx(sum(r.item() for r in rows) / 4)
+    truncated = max_pooling_loss(logits[:1, :25], lengths[:1].clamp(max=25), targets[:1], 20)[0]
+    assert rows[0].item() == pytest.approx(truncated.item())  # stopping at frame 25 = an utterance of 25
 
 
 def wekws_max_pooling(logits, lengths, targets, min_duration=0):

@@ -221,9 +221,9 @@ def test_nan_loss_in_training_is_counted_and_too_many_stop(setup, monkeypatch):
     real = kws.loss.criterion("max_pooling")
     calls = {"n": 0}
 
-    def nan_on_second(logits, lengths, targets, min_duration=0):
+    def nan_on_second(logits, lengths, targets, min_duration=0, window_end=None):
         calls["n"] += 1
-        loss, acc = real(logits, lengths, targets, min_duration)
+        loss, acc = real(logits, lengths, targets, min_duration, window_end)
         return (loss * float("nan") if calls["n"] == 2 else loss), acc
 
     monkeypatch.setattr(kws.loss, "criterion", lambda name: nan_on_second)
@@ -382,9 +382,9 @@ def test_a_lowered_max_epoch_keeps_only_its_epochs_in_the_records(setup, referen
     assert yaml.safe_load((model_dir / "final.yaml").read_text())["epochs"] == [1, 2]
 
 
-def test_end_anchor_counts_positives_from_their_keyword_end(setup, monkeypatch, tmp_path):
-    """training_config.end_anchor: a positive with a keyword_end in the list counts from end_anchor frames
-    before that end (never before min_duration); one without keeps min_duration; a bad value is refused."""
+def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch, tmp_path):
+    """training_config.end_anchor N: a positive with a keyword_end in the list counts within N frames of
+    that end (never before min_duration); one without keeps min_duration to its end; a bad N is refused."""
     import json
 
     _, corpus, config = setup
@@ -392,26 +392,28 @@ def test_end_anchor_counts_positives_from_their_keyword_end(setup, monkeypatch, 
     ends = {}
     for item in items:
         if item["txt"] != -1 and len(ends) < 3:
-            item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.05, 4)
+            item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.1, 4)
     anchored = tmp_path / "train.list"
     anchored.write_text("".join(json.dumps(item) + "\n" for item in items))
     seen = {}
-    real_floor = trainer.target_floor
+    real_window = trainer.target_window
 
-    def recording_floor(state, keys):
-        floor = real_floor(state, keys)
-        seen.update(zip(keys, torch.as_tensor(floor).expand(len(keys)).tolist()))
-        return floor
+    def recording_window(state, keys):
+        start, stop = real_window(state, keys)
+        stops = [None] * len(keys) if stop is None else torch.as_tensor(stop).tolist()
+        seen.update(zip(keys, zip(torch.as_tensor(start).expand(len(keys)).tolist(), stops)))
+        return start, stop
 
-    monkeypatch.setattr(trainer, "target_floor", recording_floor)
+    monkeypatch.setattr(trainer, "target_window", recording_window)
     argv = train_argv(
         {**corpus, "train": anchored}, config, tmp_path / "anchored", "--threads", "1", "--max_epoch", "1"
     )
     assert trainer.main([*argv, "--override", "training_config.end_anchor=3"]) == 0
     for key, end in ends.items():  # 25 ms window, 10 ms shift: the frame whose window reaches the end
-        assert seen[key] == max(5, -(-(round(end * 16000) - 400) // 160) - 3)
-    assert ends and all(seen[item["key"]] == 5 for item in items if item["key"] not in ends)
-    assert any(seen[key] > 5 for key in ends)
+        frame = -(-(round(end * 16000) - 400) // 160)
+        assert seen[key] == (max(5, frame - 3), frame + 4)
+    assert ends and all(seen[item["key"]][0] == 5 for item in items if item["key"] not in ends)
+    assert all(seen[item["key"]][1] > 10_000 for item in items if item["key"] not in ends)
 
     with pytest.raises(KwsError, match="training_config.end_anchor must be"):
         trainer.main([*argv, "--override", "training_config.end_anchor=-1"])
