@@ -42,7 +42,7 @@ def one_mode(mode, frames_list, steps, batch, model_path):
         times = []
         start = time.process_time()
         first = None
-        for step in range(steps):
+        for _ in range(steps):
             t0 = time.process_time()
             logits, _ = forward(feats)
             loss, _ = max_pooling_loss(logits, lengths, targets, 50)
@@ -71,7 +71,7 @@ def main():
         print(json.dumps(one_mode(args.one, args.frames, args.steps, args.batch, args.model)))
         return
     results = {}
-    for run in range(args.runs):
+    for _ in range(args.runs):
         for mode in args.modes:  # alternating A B A B: drift on a shared machine hits both
             argv = [sys.executable, __file__, "--one", mode, "--steps", str(args.steps), "--batch", str(args.batch)]
             argv += ["--model", args.model, "--frames", *map(str, args.frames)]
