@@ -36,7 +36,7 @@ import torch
 
 from kws.audio_store import AudioStore, MemoryStore
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
-from kws.datalist import read_data_list, require_labels
+from kws.datalist import FILLER, read_data_list, require_labels
 from kws.errors import KwsError
 from kws.features import batch_fbank, fbank_conf_of, frame_geometry, num_frames
 
@@ -156,7 +156,7 @@ class KwsDataset:
             raise KwsError(f"dataset_conf.crop_negatives must be >= 0 frames, got {self.crop_frames}")
         self.cropped = np.array(
             [
-                bool(self.crop_frames) and label == -1 and frames > self.crop_frames
+                bool(self.crop_frames) and label == FILLER and frames > self.crop_frames
                 for label, frames in zip(self.labels, self.frames)
             ],
             dtype=bool,
