@@ -323,12 +323,20 @@ def _clean_and_speed(rng, augment):
     return clean, speed
 
 
-def _said_alone(item):
-    """A positive whose text is the keyword alone (no command after it): its speech ends where the keyword does."""
+def _without_command(text):
+    """A positive's text without the command said after its keyword ("<keyword>，<command>"), else as is."""
     from kws.synth.phrases import COMMANDS
 
+    for command in COMMANDS:
+        if text.endswith("，" + command):
+            return text[: -len(command) - 1]
+    return text
+
+
+def _said_alone(item):
+    """A positive whose text is the keyword alone (no command after it): its speech ends where the keyword does."""
     text = item["requests"][0]["text"]
-    return item["token"] != FILLER and not any(text.endswith("，" + command) for command in COMMANDS)
+    return item["token"] != FILLER and _without_command(text) == text
 
 
 def _render_utterance(item, pcm, augment, babble, transforms=()):
@@ -448,7 +456,6 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
     import numpy as np
 
     from kws.synth.engines import synthesize_batch
-    from kws.synth.phrases import COMMANDS
 
     plan, _ = plan_corpus(size, seed, augment)
     requests, speeds = [], []
@@ -456,9 +463,7 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
         if item["token"] == FILLER:
             continue
         request = dict(item["requests"][0])
-        for command in COMMANDS:  # "<keyword>，<command>": keep the keyword
-            if request["text"].endswith("，" + command):
-                request["text"] = request["text"][: -len(command) - 1]
+        request["text"] = _without_command(request["text"])  # keep the keyword
         requests.append(request)
         speeds.append(_clean_and_speed(np.random.default_rng(item["seed"]), augment)[1])
     pcms = synthesize_batch(requests)
