@@ -108,13 +108,47 @@ def test_every_engine_speaks_through_one_interface(engine):
     table = engines.voices(engine)
     assert table
     voice = sorted(table)[-1]
-    slow = engines.speak("hey kws", "en-us", voice, rate=120, engine=engine)
-    fast = engines.speak("hey kws", "en-us", voice, rate=240, engine=engine)
+    text, language, other = ("你好问问", "cmn", "en-us") if engine == "mbrola" else ("hey kws", "en-us", "cmn")
+    slow = engines.speak(text, language, voice, rate=120, engine=engine)
+    fast = engines.speak(text, language, voice, rate=240, engine=engine)
     assert slow.dtype == np.float32 and aug.rms(slow) > 1e-3
     assert len(aug.trim_silence(slow, RATE)) > 1.4 * len(aug.trim_silence(fast, RATE))
     if engine != "espeak":
-        with pytest.raises(KwsError, match="does not speak 'cmn'"):
-            engines.speak("你好", "cmn", voice, engine=engine)
+        with pytest.raises(KwsError, match=f"does not speak '{other}'"):
+            engines.speak("你好" if other == "cmn" else "hello", other, voice, engine=engine)
+
+
+def test_mbrola_says_pinyin_in_cn1_units_with_tones():
+    from kws.synth import mbrola
+
+    # Hanzi and the corpus's pinyin texts alike; third-tone sandhi; a comma is a pause
+    assert mbrola.to_pinyin("你好，问问") == ["ni2", "hao3", "_", "wen4", "wen4"]
+    assert mbrola.to_pinyin("hai1, xiao3 wen4") == ["hai1", "_", "xiao3", "wen4"]
+    units = {s: mbrola.cn1_units(s)[:2] for s in "xiao3 huan1 zhi1 zi4 yuan2 xue2 ju4 wen4 er2 yi1 wu3 ya1".split()}
+    assert units == {
+        "xiao3": ("xi", "ao"),  # compound finals: the first vowel goes with the initial
+        "huan1": ("hu", "an"),
+        "zhi1": ("zh", "ll"),
+        "zi4": ("z", "ii"),
+        "yuan2": ("yu", "an"),
+        "xue2": ("x", "ue"),
+        "ju4": ("j", "v"),
+        "wen4": ("w", "en"),
+        "er2": (None, "er"),
+        "yi1": ("y", "i"),
+        "wu3": ("w", "u"),
+        "ya1": ("y", "a"),
+    }
+    assert mbrola.cn1_units("m2") is None and mbrola.pho("OK 123") is None
+    # tone 4 falls, tone 2 rises; the seed and the settings make the file, nothing else
+    script = mbrola.pho("问", seed=5)
+    assert script == mbrola.pho("问", seed=5) != mbrola.pho("问", seed=6)
+    f0 = [int(x) for x in script.splitlines()[2].split()[3::2]]
+    assert f0[0] > f0[-1]
+    rise = [int(x) for x in mbrola.pho("文", seed=5).splitlines()[2].split()[3::2]]
+    assert rise[0] < rise[-1]
+    low, high = (mbrola.pho("问", pitch=p, seed=5).splitlines()[2].split()[3] for p in (10, 90))
+    assert int(low) < int(high)
 
 
 def _f0(x):
@@ -226,6 +260,28 @@ def test_heldout_split_says_only_what_its_engine_can(english):
         assert item["kind"] != "other"
         for request in item["requests"]:
             assert request["engine"] == "flite" and "[[" not in request["text"]
+
+
+def test_mandarin_heldout_engine_adds_a_split_and_changes_no_other(tmp_path):
+    """corpus.heldout_engine: mbrola gives the default corpus a test_engine split said by cn1 alone, both
+    keywords in it, while train, dev and test stay byte-identical to the corpus without it."""
+    _need("mbrola")
+    plain = synthesize_corpus(tmp_path / "plain", size="tiny", seed=5, threads=2, log=_quiet)
+    spec = CorpusSpec(heldout_engine="mbrola")
+    with_engine = synthesize_corpus(tmp_path / "mbrola", size="tiny", seed=5, threads=2, log=_quiet, spec=spec)
+    assert HELDOUT_SPLIT in with_engine["splits"] and HELDOUT_SPLIT not in plain["splits"]
+    for split in SPLITS:
+        for name in ("text", "utt2voice", "utt2kind"):
+            assert (tmp_path / "plain" / split / name).read_bytes() == (tmp_path / "mbrola" / split / name).read_bytes()
+    text = read_kaldi_map(tmp_path / "mbrola" / HELDOUT_SPLIT / "text")
+    said = set(read_kaldi_map(tmp_path / "mbrola" / HELDOUT_SPLIT / "utt2voice").values())
+    assert said <= {"mbrola cn1", "mbrola mixed"} and "mbrola cn1" in said
+    assert {"<HI_XIAOWEN>", "<NIHAO_WENWEN>"} <= set(text.values())
+    wavs = read_kaldi_map(tmp_path / "mbrola" / HELDOUT_SPLIT / "wav.scp")
+    import soundfile
+
+    audio, rate = soundfile.read(next(iter(wavs.values())), dtype="float32")
+    assert rate == RATE and aug.rms(audio) > 1e-3
 
 
 def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):

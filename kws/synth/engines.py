@@ -4,6 +4,7 @@
   language's voices with every voice variant that does not crash it.
 - flite: Flite's built-in English voices (diphone and clustergen voices built from recordings).
 - festival: Festival's English diphone (kal, ked) and HTS (slt) voices.
+- mbrola: Mandarin by MBROLA's cn1 diphone voice (kws.synth.mbrola), built from recordings.
 
 A request is a dict: engine (default espeak), text, voice, rate (words per minute, 175 = an engine's
 normal speed), pitch (0-100, 50 = the voice's own), plus eSpeak's range, volume and seed. Where an engine
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from kws.errors import KwsError
 
-ENGINES = ("espeak", "flite", "festival")
+ENGINES = ("espeak", "flite", "festival", "mbrola")
 NORMAL_RATE = 175  # words per minute: eSpeak's default, and the 1x speed of the others
 PITCH_SEMITONES = 8.0  # pitch 0..100 maps to -4..+4 semitones around the voice's own for flite/festival
 TIMEOUT_S = 300
@@ -48,6 +49,10 @@ def _missing(engine, what=None):
 
 def speaks(engine, language):
     """Whether `engine` speaks `language` (an eSpeak NG language code)."""
+    if engine == "mbrola":
+        from kws.synth.mbrola import LANGUAGES
+
+        return language in LANGUAGES
     return engine == "espeak" or language == "en" or language.startswith("en-")
 
 
@@ -59,6 +64,10 @@ def check_engine(engine):
         from kws.synth.espeak import _paths
 
         _paths()
+    elif engine == "mbrola":
+        from kws.synth.mbrola import check
+
+        check()
     elif engine == "flite" and shutil.which("flite") is None:
         raise _missing("flite")
     elif engine == "festival":
@@ -84,6 +93,10 @@ def voices(engine):
         return {name: name for name in ["", *list_variants()]}
     if engine == "flite":
         return dict(FLITE_VOICES)
+    if engine == "mbrola":
+        from kws.synth.mbrola import VOICES
+
+        return dict(VOICES)
     return {name: FESTIVAL_VOICES[name][0] for name in festival_voices()}
 
 
@@ -198,7 +211,13 @@ def _espeak(requests, log):
     return [None if pcm is None else (pcm16_to_float(pcm), ESPEAK_RATE) for pcm in synthesize_batch(requests, log)]
 
 
-_BACKENDS = {"espeak": _espeak, "flite": _flite, "festival": _festival}
+def _mbrola(requests, log):
+    from kws.synth.mbrola import synthesize
+
+    return synthesize(requests, log)
+
+
+_BACKENDS = {"espeak": _espeak, "flite": _flite, "festival": _festival, "mbrola": _mbrola}
 
 
 def synthesize_batch(requests, log=None):
@@ -221,7 +240,7 @@ def speak(text, language="cmn", voice="", rate=NORMAL_RATE, pitch=50, engine="es
 
     check_engine(engine)
     if not speaks(engine, language):
-        raise KwsError(f"corpus.language: {engine} does not speak {language!r} (only eSpeak NG does)")
+        raise KwsError(f"corpus.language: {engine} does not speak {language!r}")
     request = {
         "engine": engine,
         "text": text,
