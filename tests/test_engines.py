@@ -189,6 +189,15 @@ def test_speaker_transforms_change_what_they_should_only():
     assert freqs[high][np.argmax(magnitude[high])] == 2500
     uniform = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, warp=(np.array([0.0, 8000.0]), np.ones(2) * 1.3))
     assert np.allclose(uniform, warped, atol=1e-4)  # a constant factor is the vtl warp
+    # breath fills the valleys between harmonics with noise (the harmonics-to-noise ratio falls) and keeps
+    # the envelope: the 800 Hz region stays the loudest
+    breathy = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, breath=(0.4, np.random.default_rng(1)))
+    spectra = [np.abs(np.fft.rfft(y[2000:-2000])) for y in (harmonics, breathy)]
+    hz = np.fft.rfftfreq(RATE - 4000, 1 / RATE)
+    valleys, peaks = (hz % 200 > 60) & (hz % 200 < 140) & (hz < 2000), hz % 200 == 0
+    valley_to_peak = [spectrum[valleys].mean() / spectrum[peaks & (hz < 2000)].mean() for spectrum in spectra]
+    assert valley_to_peak[1] > 10 * valley_to_peak[0]
+    assert abs(hz[np.argmax(spectra[1])] - 800) <= 200
     words = np.concatenate([tone[:4000], np.zeros(3200, np.float32), tone[:4000]])
     gaps = {len(aug.jitter_gaps(words, RATE, np.random.default_rng(s))) for s in range(5)}
     assert len(gaps) > 1 and all(8000 < n < 8000 + 3 * 3200 for n in gaps)  # only the pause changes
@@ -282,6 +291,18 @@ def test_mandarin_heldout_engine_adds_a_split_and_changes_no_other(tmp_path):
 
     audio, rate = soundfile.read(next(iter(wavs.values())), dtype="float32")
     assert rate == RATE and aug.rms(audio) > 1e-3
+
+
+def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
+    from workflow_utils import REPO, make_workdir, snakemake
+
+    _need("mbrola")
+    root = make_workdir(tmp_path / "w")
+    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / "heldout_mbrola.yaml"), timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for job in ("score", "score_test_engine", "compute_det_test_engine"):
+        assert re.search(rf"^{job}\s+1$", run.stdout, re.M), job
+    assert "test_engine/metrics.json" in run.stdout and "synthetic/test_engine/data.list" in run.stdout
 
 
 def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):

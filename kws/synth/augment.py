@@ -140,7 +140,7 @@ def reverberate(x, rng, rate, rt60):
 
 
 # --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
-SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants")
+SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath")
 
 
 def _frames(x, size, hop):
@@ -204,11 +204,14 @@ def _istft(spec, window, hop, length):
     return (out / np.maximum(norm, 1e-3))[:length]
 
 
-def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, warp=None):
+def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, warp=None, breath=None):
     """Per STFT frame: move the spectral envelope (cepstrally smoothed) along frequency by `formant`
     (> 1: a shorter vocal tract, formants up) keeping the harmonics, then apply `gain_db(freqs)`.
     `warp` (instead of `formant`): (knot frequencies Hz, factors), a piecewise-linear factor per frequency,
-    so that the first formant can move one way and the second another (see `formant_warp`)."""
+    so that the first formant can move one way and the second another (see `formant_warp`).
+    `breath`: (level, generator): noise of random phase shaped by each frame's envelope is added, `level`
+    times the envelope at 8 kHz falling to a third of that at 0 Hz: aspiration, as a breathy voice has it
+    and a synthesiser's pulse train has not (the harmonics-to-noise ratio falls, the envelope stays)."""
     x = np.asarray(x, dtype=np.float64)
     if len(x) == 0:
         return x.astype(np.float32)
@@ -216,11 +219,17 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, wa
     spec, window = _stft(x, size, hop)
     freqs = np.fft.rfftfreq(size, 1 / rate)
     gain = np.ones(len(freqs))
-    if formant != 1.0 or warp is not None:
+    if formant != 1.0 or warp is not None or breath is not None:
         log_mag = np.log(np.maximum(np.abs(spec), 1e-9))
         cep = np.fft.irfft(log_mag, size, axis=1)
         cep[:, lifter : size - lifter + 1] = 0.0
         envelope = np.fft.rfft(cep, size, axis=1).real
+    if breath is not None:
+        level, generator = breath
+        shape = level * (1.0 + 2.0 * freqs / freqs[-1]) / 3.0
+        phase = np.exp(2j * np.pi * generator.random(spec.shape))
+        spec = spec + np.exp(envelope) * shape * phase
+    if formant != 1.0 or warp is not None:
         # the envelope at f moves to f * formant * factor(f) (factors keep that increasing): one linear
         # interpolation, the same for every frame
         moved = freqs * formant * (np.interp(freqs, *warp) if warp is not None else 1.0)
@@ -234,16 +243,16 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, wa
     return _istft(spec * gain, window, hop, len(x)).astype(np.float32)
 
 
-def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=None):
-    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant; `warp` and
-    `gain_db` as in reshape_spectrum, applied in the same pass)."""
+def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=None, breath=None):
+    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant; `warp`,
+    `gain_db` and `breath` as in reshape_spectrum, applied in the same pass)."""
     factor = Fraction(round(2 ** (semitones / 12), 2)).limit_denominator(100)
     y = resample(x, Fraction(rate), Fraction(rate) / factor) if factor != 1 else np.asarray(x, np.float32)
     y = time_stretch(y, rate, float(factor) * tempo)
     relative = formant / float(factor)  # resampling moved the formants by `factor` too: undo, then apply
-    if abs(relative - 1) <= 1e-3 and warp is None and gain_db is None:
+    if abs(relative - 1) <= 1e-3 and warp is None and gain_db is None and breath is None:
         return y
-    return reshape_spectrum(y, rate, formant=relative, warp=warp, gain_db=gain_db)
+    return reshape_spectrum(y, rate, formant=relative, warp=warp, gain_db=gain_db, breath=breath)
 
 
 def formant_warp(rng, low=0.85, high=1.2):
@@ -311,15 +320,22 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
         "rate": (rng.random() < p, rng.uniform(0.85, 1.2)),
         "eq": (rng.random() < p, spectral_gain(rng)),
         "gaps": (rng.random() < p, np.random.default_rng(rng.integers(2**63))),
-        "formants": (rng.random() < p, formant_warp(rng)),  # drawn last: the draws before stay as they were
+        "formants": (rng.random() < p, formant_warp(rng)),
+        # drawn after the others: their draws stay as they were before it existed
+        "breath": (rng.random() < p, (rng.uniform(0.05, 0.4), np.random.default_rng(rng.integers(2**63)))),
     }
     on = {name: value for name, (hit, value) in draws.items() if hit and name in transforms}
     y = np.asarray(x, np.float32)
     if "gaps" in on:
         y = jitter_gaps(y, rate, on["gaps"])
-    spectral = {"formant": on.get("vtl", 1.0), "warp": on.get("formants"), "gain_db": on.get("eq")}
+    spectral = {
+        "formant": on.get("vtl", 1.0),
+        "warp": on.get("formants"),
+        "gain_db": on.get("eq"),
+        "breath": on.get("breath"),
+    }
     if "pitch" in on or "rate" in on:  # one STFT pass for the envelope and the EQ
         y = pitch_shift(y, rate, on.get("pitch", 0.0), tempo=on.get("rate", 1.0), **spectral)
-    elif on.keys() & {"vtl", "formants", "eq"}:
+    elif on.keys() & {"vtl", "formants", "eq", "breath"}:
         y = reshape_spectrum(y, rate, **spectral)
     return y
