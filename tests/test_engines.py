@@ -165,6 +165,16 @@ def test_speaker_transforms_change_what_they_should_only():
     assert abs(_f0(shifted[2000:-2000]) - 200 * 2 ** (4 / 12)) < 6
     slow = aug.time_stretch(tone, RATE, 1.25)
     assert len(slow) == int(1.25 * RATE) and abs(_f0(slow[2000:-2000]) - 200) < 3  # tempo without pitch
+    # a tempo that varies along the utterance: the first half drawn out, the second hurried, pitch kept
+    clicks = np.zeros(RATE, np.float32)
+    clicks[::1600] = 1.0
+    marked = tone + clicks
+    curve = (np.array([0.0, 0.5, 0.5001, 1.0]), np.array([0.5, 0.5, -0.5, -0.5]))
+    varied = aug.time_stretch(marked, RATE, 1.0, curve=curve)
+    half = int(0.5 * RATE * 2**0.5)  # where the first half of the input ends in the output
+    assert abs(len(varied) - (half + int(0.5 * RATE * 2**-0.5))) < 0.02 * RATE
+    assert abs(_f0(varied[2000 : half - 2000]) - 200) < 3 and abs(_f0(varied[half + 500 : -500]) - 200) < 4
+    assert aug.time_stretch(marked, RATE, 1.3).tobytes() == aug.time_stretch(marked, RATE, 1.3, curve=None).tobytes()
     # formant warping moves the envelope, not the harmonics: energy shifts up, the 200 Hz peak stays
     harmonics = sum(np.sin(2 * np.pi * 200 * k * t) * np.exp(-(((200 * k - 800) / 300) ** 2)) for k in range(1, 20))
     warped = aug.reshape_spectrum(harmonics.astype(np.float32), RATE, formant=1.3)

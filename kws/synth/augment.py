@@ -140,7 +140,7 @@ def reverberate(x, rng, rate, rt60):
 
 
 # --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
-SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath")
+SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath", "timing")
 
 
 def _frames(x, size, hop):
@@ -149,22 +149,34 @@ def _frames(x, size, hop):
     return np.lib.stride_tricks.sliding_window_view(padded, size)[::hop][:n]
 
 
-def time_stretch(x, rate, factor, frame_s=0.03, tolerance_s=0.01):
-    """WSOLA: duration x `factor` (> 1 slower) at unchanged pitch and formants."""
+def time_stretch(x, rate, factor, frame_s=0.03, tolerance_s=0.01, curve=None):
+    """WSOLA: duration x `factor` (> 1 slower) at unchanged pitch and formants. `curve`: (positions 0..1
+    in the input, log2 multipliers), a local factor that varies along the utterance (factor x 2^curve),
+    so that some sounds are drawn out and others hurried, as speakers and synthesisers time them."""
     x = np.asarray(x, dtype=np.float64)
-    if abs(factor - 1.0) < 1e-6 or len(x) == 0:
+    if (abs(factor - 1.0) < 1e-6 and curve is None) or len(x) == 0:
         return x.astype(np.float32)
     size = int(frame_s * rate) & ~1
     hop_out, tol = size // 2, int(tolerance_s * rate)
     window = np.hanning(size)
-    n_out = int(round(len(x) * factor))
-    n_frames = n_out // hop_out + 1
-    src = np.concatenate([np.zeros(tol), x, np.zeros(size + tol + int(hop_out / factor) + hop_out)])
+    if curve is None:
+        n_out = int(round(len(x) * factor))
+        n_frames = n_out // hop_out + 1
+        targets = [tol + int(k * hop_out / factor) for k in range(n_frames)]
+        slowest = factor
+    else:
+        targets, position = [], 0.0
+        while position < len(x):
+            targets.append(tol + int(position))
+            position += hop_out / (factor * 2 ** np.interp(position / len(x), *curve))
+        n_frames = len(targets)
+        n_out = n_frames * hop_out
+        slowest = factor * 2 ** float(np.min(curve[1]))
+    src = np.concatenate([np.zeros(tol), x, np.zeros(size + tol + int(hop_out / slowest) + hop_out)])
     out = np.zeros(n_frames * hop_out + size)
     norm = np.zeros_like(out)
     previous = tol  # input position (in src) of the frame placed last
-    for k in range(n_frames):
-        target = tol + int(k * hop_out / factor)
+    for k, target in enumerate(targets):
         if k:
             # the frame that best continues the previous one (waveform similarity), near its nominal place
             natural = src[previous + hop_out : previous + hop_out + size]
@@ -176,6 +188,11 @@ def time_stretch(x, rate, factor, frame_s=0.03, tolerance_s=0.01):
         norm[k * hop_out : k * hop_out + size] += window
         previous = best
     return (out / np.maximum(norm, 1e-3))[:n_out].astype(np.float32)
+
+
+def timing_curve(rng, knots=5, spread=0.35):
+    """A random local tempo along an utterance: log2 multipliers at evenly spaced knots (0.78x-1.27x)."""
+    return np.linspace(0.0, 1.0, knots), rng.uniform(-spread, spread, knots)
 
 
 def _stft(x, size, hop):
@@ -243,12 +260,13 @@ def reshape_spectrum(x, rate, formant=1.0, gain_db=None, size=512, lifter=30, wa
     return _istft(spec * gain, window, hop, len(x)).astype(np.float32)
 
 
-def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=None, breath=None):
-    """Pitch x 2^(semitones/12) at unchanged duration (x tempo) and formants (x formant; `warp`,
-    `gain_db` and `breath` as in reshape_spectrum, applied in the same pass)."""
+def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=None, breath=None, timing=None):
+    """Pitch x 2^(semitones/12) at unchanged duration (x tempo, varying along the utterance by `timing`,
+    time_stretch's curve) and formants (x formant; `warp`, `gain_db` and `breath` as in reshape_spectrum,
+    applied in the same pass)."""
     factor = Fraction(round(2 ** (semitones / 12), 2)).limit_denominator(100)
     y = resample(x, Fraction(rate), Fraction(rate) / factor) if factor != 1 else np.asarray(x, np.float32)
-    y = time_stretch(y, rate, float(factor) * tempo)
+    y = time_stretch(y, rate, float(factor) * tempo, curve=timing)
     relative = formant / float(factor)  # resampling moved the formants by `factor` too: undo, then apply
     if abs(relative - 1) <= 1e-3 and warp is None and gain_db is None and breath is None:
         return y
@@ -323,6 +341,7 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
         "formants": (rng.random() < p, formant_warp(rng)),
         # drawn after the others: their draws stay as they were before it existed
         "breath": (rng.random() < p, (rng.uniform(0.05, 0.4), np.random.default_rng(rng.integers(2**63)))),
+        "timing": (rng.random() < p, timing_curve(rng)),
     }
     on = {name: value for name, (hit, value) in draws.items() if hit and name in transforms}
     y = np.asarray(x, np.float32)
@@ -334,8 +353,8 @@ def change_speaker(x, rate, rng, transforms=SPEAKER_TRANSFORMS, p=0.6):
         "gain_db": on.get("eq"),
         "breath": on.get("breath"),
     }
-    if "pitch" in on or "rate" in on:  # one STFT pass for the envelope and the EQ
-        y = pitch_shift(y, rate, on.get("pitch", 0.0), tempo=on.get("rate", 1.0), **spectral)
+    if on.keys() & {"pitch", "rate", "timing"}:  # one STFT pass for the envelope and the EQ
+        y = pitch_shift(y, rate, on.get("pitch", 0.0), tempo=on.get("rate", 1.0), timing=on.get("timing"), **spectral)
     elif on.keys() & {"vtl", "formants", "eq", "breath"}:
         y = reshape_spectrum(y, rate, **spectral)
     return y
