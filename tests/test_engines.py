@@ -323,16 +323,22 @@ def test_mandarin_heldout_engine_adds_a_split_and_changes_no_other(tmp_path):
     assert rate == RATE and aug.rms(audio) > 1e-3
 
 
-def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
+def _dry_run(tmp_path, configfile, jobs, count=r"[12]"):
+    """The dry run of a shipped config in a fresh work folder: its stdout, each of `jobs` planned."""
     from workflow_utils import REPO, make_workdir, snakemake
 
-    _need("mbrola")
     root = make_workdir(tmp_path / "w")
-    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / "heldout_mbrola.yaml"), timeout=120)
+    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / configfile), timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    for job in ("score", "score_test_engine", "compute_det_test_engine"):
-        assert re.search(rf"^{job}\s+1$", run.stdout, re.M), job
-    assert "test_engine/metrics.json" in run.stdout and "synthetic/test_engine/data.list" in run.stdout
+    for job in jobs:
+        assert re.search(rf"^{job}\s+{count}$", run.stdout, re.M), job
+    return root, run.stdout
+
+
+def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
+    _need("mbrola")
+    _, out = _dry_run(tmp_path, "heldout_mbrola.yaml", ("score", "score_test_engine", "compute_det_test_engine"), "1")
+    assert "test_engine/metrics.json" in out and "synthetic/test_engine/data.list" in out
 
 
 def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
@@ -341,16 +347,14 @@ def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
     import subprocess
     import sys
 
-    from workflow_utils import REPO, make_workdir, snakemake
+    from workflow_utils import REPO
 
     _need("flite")
     _need("festival")
-    root = make_workdir(tmp_path / "w")
-    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / "hey_kws.yaml"), timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    for job in ("score_test_engine", "compute_det_test_engine", "plot_det_test_engine"):
-        assert re.search(rf"^{job}\s+[12]$", run.stdout, re.M), job
-    assert "results/hey_kws/ds_tcn_small/test_engine/metrics.json" in run.stdout
+    root, out = _dry_run(
+        tmp_path, "hey_kws.yaml", ("score_test_engine", "compute_det_test_engine", "plot_det_test_engine")
+    )
+    assert "results/hey_kws/ds_tcn_small/test_engine/metrics.json" in out
     # a PATH without flite and festival: the one-line error names the engine and its package
     tools = tmp_path / "bin"
     tools.mkdir()
