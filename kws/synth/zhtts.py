@@ -62,35 +62,41 @@ def _front_end(root):
 
 
 def _feed_random_inputs(content):
-    """The acoustic model with each RandomUniform op removed and its output made a model input."""
+    """(the acoustic model with each RandomUniform op removed and its output made a model input, the
+    channels of those draws: the last dimension of the tensor whose shape each op was given)."""
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = schema.ModelT.InitFromPackedBuf(content, 0)
     graph = model.subgraphs[0]
     random_ops = {i for i, code in enumerate(model.operatorCodes) if code.customCode == b"FlexRandomUniform"}
-    fed = [op.outputs[0] for op in graph.operators if op.opcodeIndex in random_ops]
+    drawn = [op for op in graph.operators if op.opcodeIndex in random_ops]
+    shape_of = {op.outputs[0]: op.inputs[0] for op in graph.operators}  # a Shape op's output -> its input
+    channels = {int(graph.tensors[shape_of[op.inputs[0]]].shape[-1]) for op in drawn}
+    fed = [op.outputs[0] for op in drawn]
     graph.operators = [op for op in graph.operators if op.opcodeIndex not in random_ops]
     graph.inputs = [*graph.inputs, *fed]
     for tensor in fed:
         graph.tensors[tensor].shapeSignature = np.array([-1, -1, -1], np.int32)
     builder = flatbuffers.Builder(1 << 20)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return bytes(builder.Output()), (channels.pop() if len(channels) == 1 else None)
 
 
 def _models():
-    """(front end, acoustic interpreter, vocoder interpreter), loaded once per process."""
+    """(front end, acoustic interpreter, vocoder interpreter, channels of the dropout draws), loaded once
+    per process."""
     global _MODELS
     if _MODELS is None:
         from ai_edge_litert.interpreter import Interpreter
 
         root = check()
-        acoustic = _feed_random_inputs((root / "asset" / "fastspeech2_quan.tflite").read_bytes())
+        acoustic, channels = _feed_random_inputs((root / "asset" / "fastspeech2_quan.tflite").read_bytes())
         _MODELS = (
             _front_end(root),
             Interpreter(model_content=acoustic, num_threads=1),
             Interpreter(model_path=str(root / "asset" / "mb_melgan.tflite"), num_threads=1),
+            channels,
         )
     return _MODELS
 
@@ -107,10 +113,9 @@ def _run(interpreter, inputs):
 
 
 def _clause(text, duration, f0, energy, rng):
-    front, acoustic, vocoder = _models()
+    front, acoustic, vocoder, channels = _models()
     ids = np.array([front.text_to_sequence(text, inference=True)], np.int32)
     extra = len(acoustic.get_input_details()) - 5  # the fed dropout draws, [1, phones, channels]
-    channels = 256
     draws = [rng.random((1, ids.shape[1], channels), dtype=np.float32) for _ in range(extra)]
     ratios = [np.array([v], np.float32) for v in (duration, f0, energy)]
     _run(acoustic, [ids, np.array([0], np.int32), *ratios, *draws])
