@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.engines import NORMAL_RATE, _read
 
 VOICE_DIR = Path("/usr/share/mbrola")
 VOICES = {"cn1": "cn1"}  # voice -> speaker
@@ -83,12 +84,10 @@ def cn1_units(syllable):
     final = body[len(initial) :]
     if not initial and body[0] in "yw":
         initial, final = body[0], body[1:]
-        if initial == "y":
-            final = {"": "i", "u": "v", "uan": "van", "ue": "ue", "un": "un"}.get(final, final)
-            if final.startswith("i") and final not in ("i", "in", "ing"):
-                final = final[1:]  # ya, yao, yong ... (y stands for the medial)
-        elif final == "":
-            final = "u"
+        if final == "":
+            final = "i" if initial == "y" else "u"  # yi, wu
+        elif initial == "y" and final.startswith("i") and final not in ("i", "in", "ing"):
+            final = final[1:]  # (y stands for the medial; yu, yue, yuan are read as ü below)
     if initial in ("zh", "ch", "sh", "r") and final == "i":
         return initial, "ll", tone
     if initial in ("z", "c", "s") and final == "i":
@@ -112,10 +111,10 @@ def cn1_units(syllable):
     return (initial or None), final, tone
 
 
-def pho(text, rate=175, pitch=50, pitch_range=50, seed=1):
+def pho(text, rate=NORMAL_RATE, pitch=50, pitch_range=50, seed=1):
     """The .pho text that makes cn1 say `text`, or None when no syllable of it is sayable."""
     rng = random.Random(seed)
-    stretch = 175.0 / float(rate)
+    stretch = NORMAL_RATE / float(rate)
     base = 170.0 * 2 ** ((float(pitch) / 100.0) * 0.75)  # 170-286 Hz
     depth = 0.5 + float(pitch_range) / 100.0  # 0.5-1.5 x the tone contours
     units = [u if u == "_" else cn1_units(u) for u in to_pinyin(text)]
@@ -153,8 +152,6 @@ def pho(text, rate=175, pitch=50, pitch_range=50, seed=1):
 
 def synthesize(requests, log=None):
     """Per request (float32 samples, rate) or None; a request names voice cn1 and gives text, rate, pitch."""
-    import soundfile
-
     check()
     out = []
     with tempfile.TemporaryDirectory(prefix="kws-mbrola-") as tmp:
@@ -163,7 +160,7 @@ def synthesize(requests, log=None):
                 raise KwsError(f"MBROLA has no voice {request.get('voice')!r} here (voices: {', '.join(VOICES)})")
             script = pho(
                 request["text"],
-                request.get("rate", 175),
+                request.get("rate", NORMAL_RATE),
                 request.get("pitch", 50),
                 request.get("range", 50),
                 request.get("seed", 1),
@@ -174,9 +171,7 @@ def synthesize(requests, log=None):
                 pho_path.write_text(script, encoding="utf-8")
                 command = ["mbrola", "-e", str(VOICE_DIR / request["voice"] / request["voice"]), str(pho_path)]
                 run = subprocess.run([*command, str(wav_path)], capture_output=True, timeout=TIMEOUT_S)
-                if run.returncode == 0 and wav_path.is_file():
-                    samples, rate = soundfile.read(wav_path, dtype="float32", always_2d=True)
-                    audio = (samples[:, 0].copy(), rate) if len(samples) else None
+                audio = _read(wav_path) if run.returncode == 0 else None
             if audio is None and log:
                 log(f"MBROLA could not say {request['text']!r} with {request['voice']}; skipped")
             out.append(audio)

