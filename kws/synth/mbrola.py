@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from kws.errors import KwsError
-from kws.synth.engines import NORMAL_RATE, _read
+from kws.synth.engine_base import NORMAL_RATE, read_engine_wav
 
 VOICE_DIR = Path("/usr/share/mbrola")
 VOICES = {"cn1": "cn1"}  # voice -> speaker
@@ -171,7 +171,7 @@ def synthesize(requests, log=None):
                 pho_path.write_text(script, encoding="utf-8")
                 command = ["mbrola", "-e", str(VOICE_DIR / request["voice"] / request["voice"]), str(pho_path)]
                 run = subprocess.run([*command, str(wav_path)], capture_output=True, timeout=TIMEOUT_S)
-                audio = _read(wav_path) if run.returncode == 0 else None
+                audio = read_engine_wav(wav_path) if run.returncode == 0 else None
             if audio is None and log:
                 log(f"MBROLA could not say {request['text']!r} with {request['voice']}; skipped")
             out.append(audio)

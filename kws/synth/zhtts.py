@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kws.errors import KwsError
-from kws.synth.engines import NORMAL_RATE
+from kws.synth.engine_base import NORMAL_RATE
 
 VOICES = {"baker": "baker"}  # voice -> speaker
 LANGUAGES = ("cmn",)
