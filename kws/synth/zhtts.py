@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kws.errors import KwsError
-from kws.synth.engine_base import NORMAL_RATE
+from kws.synth.engine_base import NORMAL_RATE, semitones
 
 VOICES = {"baker": "baker"}  # voice -> speaker
 LANGUAGES = ("cmn",)
@@ -135,7 +135,7 @@ def synthesize(requests, log=None):
         rng = np.random.default_rng(int(request.get("seed", 1)))
         # eSpeak's rates (words per minute) are wide; a neural voice slowed 1.6x drawls: compress the span
         duration = (NORMAL_RATE / float(request.get("rate", NORMAL_RATE))) ** 0.6
-        f0 = 2 ** ((float(request.get("pitch", 50)) - 50.0) / 100.0 * 8.0 / 12.0)
+        f0 = 2 ** (semitones(request) / 12.0)
         energy = 0.8 + 0.4 * float(request.get("range", 50)) / 100.0
         parts = []
         try:
