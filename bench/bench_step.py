@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU model step alone, eager against torch.compile (issue 15, item 5): forward + max-pooling loss +
+"""The CPU model step alone, eager against torch.compile or bf16 autocast (issue 15, item 5): forward + max-pooling loss +
 backward + clipping + Adam of the default model on random [batch, frames, 40] batches, 1 thread.
 
     python bench/bench_step.py --frames 224 320 416 --steps 30 --runs 3
@@ -44,8 +44,9 @@ def one_mode(mode, frames_list, steps, batch, model_path):
         first = None
         for _ in range(steps):
             t0 = time.process_time()
-            logits, _ = forward(feats)
-            loss, _ = max_pooling_loss(logits, lengths, targets, 50)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+                logits, _ = forward(feats)
+            loss, _ = max_pooling_loss(logits.float(), lengths, targets, 50)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()

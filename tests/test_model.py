@@ -267,3 +267,49 @@ def test_default_model_sees_each_test_keyword_whole():
     durations = keyword_seconds(config["corpus"]["size"], config["corpus"]["seed"], "test")
     assert len(durations) == 600  # 300 positives a keyword
     assert max(durations) <= seconds, (name, max(durations), seconds)
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 8])
+def test_depthwise_conv_gradients_equal_the_stock_convolution(dilation):
+    """The CPU training path of DepthwiseConv1d (its own backward, kws.model.depthwise) gives the stock
+    Conv1d's output and gradients, and keeps nn.Conv1d's parameters (WeKws checkpoints load)."""
+    from kws.model.depthwise import DepthwiseConv1d
+
+    torch.manual_seed(dilation)
+    fast = DepthwiseConv1d(6, 5, dilation).double()
+    stock = torch.nn.Conv1d(6, 6, 5, dilation=dilation, groups=6).double()
+    stock.load_state_dict(fast.state_dict())
+    x = torch.randn(3, 6, 40 + 4 * dilation, dtype=torch.double)
+    grad = torch.randn(3, 6, 40, dtype=torch.double)
+    results = []
+    for conv in (fast, stock):
+        conv.train()
+        inputs = x.clone().requires_grad_(True)
+        y = conv(inputs)
+        y.backward(grad)
+        results.append((y, inputs.grad, conv.weight.grad, conv.bias.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+    assert list(fast.state_dict()) == ["weight", "bias"]
+    assert torch.autograd.gradcheck(lambda a: fast(a), (x[:1, :, : 20 + 4 * dilation].clone().requires_grad_(True),))
+
+
+def test_depthwise_conv_under_bf16_autocast_trains_in_bf16():
+    """Under CPU bf16 autocast the fast path computes in bf16 like the stock conv, and the fp32
+    parameters get fp32 gradients close to the stock ones."""
+    from kws.model.depthwise import DepthwiseConv1d
+
+    torch.manual_seed(0)
+    fast = DepthwiseConv1d(8, 8, 4)
+    stock = torch.nn.Conv1d(8, 8, 8, dilation=4, groups=8)
+    stock.load_state_dict(fast.state_dict())
+    x = torch.randn(4, 8, 100)
+    grads = []
+    for conv in (fast, stock):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = conv(x)
+        assert y.dtype == torch.bfloat16
+        y.float().square().sum().backward()
+        assert conv.weight.grad.dtype == torch.float32
+        grads.append(conv.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0.02, atol=0.05 * grads[1].abs().max().item())

@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from kws.model.depthwise import DepthwiseConv1d
+
 
 def _with_context(x, cache):
     """Prepend cached left context [B, C, P] to x [B, C, T]; return (padded, new_cache [B, C, P])."""
@@ -46,7 +48,7 @@ class DsCnnBlock(CnnBlock):
     def __init__(self, channels, kernel_size, dilation, dropout=0.1):
         super().__init__(channels, kernel_size, dilation, dropout)
         self.cnn = nn.Sequential(
-            nn.Conv1d(channels, channels, kernel_size, dilation=dilation, groups=channels),
+            DepthwiseConv1d(channels, kernel_size, dilation),
             nn.BatchNorm1d(channels),
             nn.ReLU(),
             nn.Conv1d(channels, channels, 1),
@@ -112,7 +114,7 @@ class MdtcBlock(nn.Module):
         self.in_channels, self.res_channels = in_channels, res_channels
         self.context = (kernel_size - 1) * dilation
         self.conv1 = nn.Sequential(
-            nn.Conv1d(in_channels, in_channels, kernel_size, dilation=dilation, groups=in_channels),
+            DepthwiseConv1d(in_channels, kernel_size, dilation),
             nn.BatchNorm1d(in_channels),
             nn.Conv1d(in_channels, res_channels, 1),
         )
