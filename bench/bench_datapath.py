@@ -115,6 +115,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ref", default="ea15b49", help="git revision to compare against")
     p.add_argument("--ref-args", default="--num_workers 1", help="extra train.py arguments for the --ref side")
+    p.add_argument("--now-args", default="", help="extra train.py arguments for the working tree's side")
     p.add_argument("--utterances", type=int, default=2400)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
@@ -136,7 +137,7 @@ def main():
         results = {"ref": [], "now": []}
         for _ in range(args.runs):
             results["ref"].append(epoch(ref, *lists["ref"], tmp / "model_ref", args.ref_args.split(), False))
-            results["now"].append(epoch(ROOT, *lists["now"], tmp / "model_now", []))
+            results["now"].append(epoch(ROOT, *lists["now"], tmp / "model_now", args.now_args.split()))
         summary = {
             side: {
                 "utt_per_s": statistics.median(r[0] for r in runs),
@@ -149,7 +150,7 @@ def main():
         ratio = summary["now"]["utt_per_s"] / summary["ref"]["utt_per_s"]
         print(f"| side | train utt/s (median of {args.runs}) | runs | CPU s of the whole run | peak RSS of the tree |")
         print("|---|---|---|---|---|")
-        for side, label in (("ref", f"{args.ref} {args.ref_args}"), ("now", "working tree")):
+        for side, label in (("ref", f"{args.ref} {args.ref_args}"), ("now", f"working tree {args.now_args}")):
             s = summary[side]
             print(
                 f"| {label} | {s['utt_per_s']:.0f} | {', '.join(f'{x:.0f}' for x in s['runs'])} | "

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The CPU model step alone, eager against torch.compile or bf16 autocast (issue 15, item 5): forward + max-pooling loss +
-backward + clipping + Adam of the default model on random [batch, frames, 40] batches, 1 thread.
+"""The CPU model step alone, eager against torch.compile or bf16 autocast (issue 15, item 5): forward +
+max-pooling loss + backward + clipping + Adam of the default model on random [batch, frames, 40] batches,
+1 thread.
 
     python bench/bench_step.py --frames 224 320 416 --steps 30 --runs 3
 

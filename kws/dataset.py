@@ -294,7 +294,7 @@ class Featurizer:
         entropy = (self.seed, epoch, self.rank, index)
         if self.pin_memory:
             samples = samples.pin_memory()
-        samples = samples.to(self.device, non_blocking=True).to(torch.float32) / 32768.0
+        samples = samples.to(self.device, non_blocking=True)  # int16; fbank reads them on that scale
         generator = None
         if self.dither > 0:
             generator = torch.Generator(device=self.device)
@@ -302,7 +302,8 @@ class Featurizer:
         if self.device.type == "cpu":
             feats, frames = self._one_by_one(samples, lengths, generator)
         else:  # one batched call: what a GPU is fast at
-            feats, frames = batch_fbank(samples, lengths.to(self.device), self.fbank_conf, self.dither, generator)
+            lengths = lengths.to(self.device)
+            feats, frames = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
@@ -319,7 +320,9 @@ class Featurizer:
         frames = num_frames(lengths, self.fbank_conf)
         feats = torch.zeros(samples.shape[0], int(frames.max()), int(self.fbank_conf["num_mel_bins"]))
         for row, length in enumerate(lengths.tolist()):
-            one, _ = batch_fbank(samples[row : row + 1, :length], [length], self.fbank_conf, self.dither, generator)
+            one, _ = batch_fbank(
+                samples[row : row + 1, :length], [length], self.fbank_conf, self.dither, generator, int16_scale=True
+            )
             feats[row, : one.shape[1]] = one[0]
         return feats, frames
 

@@ -73,6 +73,7 @@ def num_frames(num_samples, fbank_conf, sample_rate=16000):
 
 
 _MEL_BANKS = {}
+_POVEY = {}
 
 
 def _mel_banks(num_bins, padded, device):
@@ -88,7 +89,16 @@ def _mel_banks(num_bins, padded, device):
     return _MEL_BANKS[key]
 
 
-def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None):
+def _povey_window(window, device):
+    key = (window, str(device))
+    if key not in _POVEY:
+        import torch
+
+        _POVEY[key] = torch.hann_window(window, periodic=False, device=device).pow(0.85)
+    return _POVEY[key]
+
+
+def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None, int16_scale=False):
     """Kaldi fbank (torchaudio.compliance.kaldi.fbank's defaults as WeKws uses them) of a padded batch.
 
     `waveforms` [B, S] float samples in [-1, 1] (zero-padded), `lengths` [B] valid samples. Returns
@@ -97,6 +107,8 @@ def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None):
     Per frame: dither (Gaussian, `dither` on the int16 scale, drawn from `generator` for the whole
     batch), DC removal, pre-emphasis 0.97, povey window, power spectrum of the frame zero-padded to a
     power of two, mel banks (20 Hz to Nyquist), natural log floored at float epsilon.
+    `int16_scale`: the waveforms are already on the int16 scale (int16 samples as floats), which skips a
+    division and the multiplication that undoes it (exact either way: powers of two).
     """
     import torch
 
@@ -111,18 +123,21 @@ def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None):
     longest = int(frames.max()) if batch else 0
     if longest == 0:
         return waveforms.new_zeros(batch, 0, num_bins, dtype=torch.float32), frames
-    x = waveforms.to(torch.float32) * (1 << 15)
+    x = waveforms.to(torch.float32)
+    if not int16_scale:
+        x = x * (1 << 15)
     if dither > 0:
         noise = torch.randn(x.shape, generator=generator, device=generator.device if generator else device)
         x = x + float(dither) * noise.to(device)
     x = x[:, : (longest - 1) * shift + window].unfold(1, window, shift)  # [B, T, window]
     x = x - x.mean(dim=2, keepdim=True)
     x = torch.cat((x[:, :, :1] * (1 - 0.97), x[:, :, 1:] - 0.97 * x[:, :, :-1]), dim=2)
-    povey = torch.hann_window(window, periodic=False, device=device).pow(0.85)
     padded = 1 << (window - 1).bit_length()
-    spectrum = torch.view_as_real(torch.fft.rfft(x * povey, n=padded)).pow(2).sum(3)  # [B, T, padded/2 + 1]
-    mel = spectrum @ _mel_banks(num_bins, padded, device)
-    feats = mel.clamp_min(torch.finfo(torch.float32).eps).log()
+    spectrum = torch.fft.rfft(x * _povey_window(window, device), n=padded)
+    power = spectrum.real.square() + spectrum.imag.square()  # [B, T, padded/2 + 1]; 4x faster than a sum
+    feats = (power @ _mel_banks(num_bins, padded, device)).clamp_min(torch.finfo(torch.float32).eps).log()
+    if batch == 1:  # its one utterance fills every frame
+        return feats, frames
     valid = torch.arange(longest, device=device).unsqueeze(0) < frames.unsqueeze(1)
     return feats.masked_fill(~valid.unsqueeze(2), 0.0), frames
 

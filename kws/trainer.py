@@ -66,6 +66,9 @@ log = logging.getLogger("kws.train")
 
 DEFAULT_MAX_NONFINITE = 20
 DEFAULT_LOG_INTERVAL = 10
+# training_config.precision -> the autocast dtype of the forward (None: fp32 throughout). Parameters,
+# gradients, Adam state and the loss stay fp32; scoring and export run fp32.
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 SCHEDULER = {"mode": "min", "factor": 0.5, "patience": 3, "min_lr": 1e-6, "threshold": 0.01}
 
 
@@ -176,6 +179,11 @@ def resolve_config(args):
     tc.setdefault("log_interval", DEFAULT_LOG_INTERVAL)
     tc.setdefault("criterion", "max_pooling")
     tc.setdefault("max_nonfinite_steps", DEFAULT_MAX_NONFINITE)
+    tc.setdefault("precision", "fp32")
+    if tc["precision"] not in PRECISIONS:
+        raise KwsError(
+            f"{args.config}: training_config.precision must be one of {', '.join(PRECISIONS)}, got {tc['precision']!r}"
+        )
     tc["min_duration"] = args.min_duration
     anchor = tc.get("end_anchor")
     if anchor is not None and (isinstance(anchor, bool) or not isinstance(anchor, int) or anchor < 0):
@@ -209,8 +217,11 @@ def make_optimizer(model, optim_conf, source):
                 pass
         if key in optim_conf and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise KwsError(f"{source}: optim_conf.{key} must be a number, got {value!r}")
+    # fused: one kernel over all parameters (0.24 ms a step for the default model against 1.35 ms for the
+    # per-tensor loop, which torch still picks on CPU); optim_conf's foreach or fused wins
+    settings = optim_conf if {"fused", "foreach"} & set(optim_conf) else {"fused": True, **optim_conf}
     try:
-        return torch.optim.Adam(model.parameters(), **optim_conf)
+        return torch.optim.Adam(model.parameters(), **settings)
     except (TypeError, ValueError) as err:
         raise KwsError(f"{source}: optim_conf {optim_conf} is not valid for Adam ({err})") from None
 
@@ -273,6 +284,7 @@ class TrainState:
     writer: object = None
     end_anchor: int = None  # training_config.end_anchor
     end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
+    autocast_dtype: object = None  # PRECISIONS[training_config.precision]
 
 
 def target_window(state, keys):
@@ -317,7 +329,12 @@ def batch_backward(state, batch, active_ranks):
     mean over the `active_ranks` that had a batch. Returns (loss, acc)."""
     keys, feats, lengths, targets = batch
     feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
-    logits, _ = state.model(feats)
+    if state.autocast_dtype is None:
+        logits, _ = state.model(feats)
+    else:
+        with torch.autocast(state.device.type, dtype=state.autocast_dtype):
+            logits, _ = state.model(feats)
+        logits = logits.float()  # the loss's sigmoid and logs in fp32
     loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
     scale = state.dist.world_size / active_ranks
     (loss * scale if scale != 1 else loss).backward()
@@ -490,6 +507,10 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
             f"are {input_dim}-dimensional (dataset_conf.fbank_conf.num_mel_bins of {args.config}); "
             f"recompute the CMVN file"
         )
+    if tc["precision"] == "bf16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning(
+            "%s: training_config.precision bf16, but this CPU has no native bf16: slower than fp32", args.config
+        )
     seed_everything(args.seed)
     model = build_model(config["model"], input_dim, args.num_keywords, cmvn)
     if cmvn is not None and not args.norm_var:
@@ -521,6 +542,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         rank=rank,
         end_anchor=tc.get("end_anchor"),
         end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
+        autocast_dtype=PRECISIONS[tc["precision"]],
     )
     if resume.path:
         p = resume.payload

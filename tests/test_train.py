@@ -417,3 +417,41 @@ def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch
 
     with pytest.raises(KwsError, match="training_config.end_anchor must be"):
         trainer.main([*argv, "--override", "training_config.end_anchor=-1"])
+
+
+def test_bf16_precision_trains_reproducibly_with_fp32_state(setup, reference, tmp_path):
+    """training_config.precision bf16: the forward runs under bf16 autocast, the model, Adam state and
+    checkpoints stay fp32, the same seed gives the same checkpoint, and the result differs from fp32's."""
+    root, corpus, _ = setup
+    config = write_config(
+        tmp_path / "bf16.yaml", {"dataset_conf.batch_conf.batch_size": 3, "training_config.precision": "bf16"}
+    )
+    runs = []
+    for name in ("a", "b"):
+        model_dir = tmp_path / name
+        assert run_inprocess((root, corpus, config), model_dir, "--max_epoch", "1", "--num_workers", "1") == 0
+        runs.append(model_dir / "epoch_001.pt")
+    assert_same_checkpoint(*runs)
+    weights = state(runs[0])["model"]
+    assert all(t.dtype in (torch.float32, torch.int64) for t in weights.values())
+    assert not torch.equal(
+        weights["classifier.linear.weight"], state(reference / "epoch_001.pt")["model"]["classifier.linear.weight"]
+    )
+    assert yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["training_config"]["precision"] == "bf16"
+
+
+def test_unknown_precision_is_a_config_error(setup, tmp_path):
+    from kws.errors import KwsError
+
+    root, corpus, _ = setup
+    config = write_config(tmp_path / "bad.yaml", {"training_config.precision": "fp16"})
+    with pytest.raises(KwsError, match="training_config.precision must be one of fp32, bf16, got 'fp16'"):
+        run_inprocess((root, corpus, config), tmp_path / "m")
+    assert not (tmp_path / "m" / "epoch_001.pt").exists()
+
+
+def test_adam_is_fused_unless_optim_conf_chooses():
+    model = torch.nn.Linear(3, 2)
+    assert trainer.make_optimizer(model, {"lr": 0.01}, "conf.yaml").defaults["fused"] is True
+    chosen = trainer.make_optimizer(model, {"lr": 0.01, "foreach": True}, "conf.yaml").defaults
+    assert chosen["foreach"] is True and not chosen["fused"]
