@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from kws.audio_store import AudioStore, MemoryStore
+from kws.batch_augment import BatchAugment, parse_conf
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import FILLER, read_data_list, require_labels
 from kws.errors import KwsError
@@ -42,6 +43,7 @@ from kws.features import batch_fbank, fbank_conf_of, frame_geometry, num_frames
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT, _STREAM_CROP = 0, 1, 2, 3, 4, 5
+_STREAM_AUGMENT = 6
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
@@ -60,6 +62,7 @@ def cv_dataset_conf(train_conf):
     conf["sort"] = False
     conf["speed_perturb"] = False
     conf.pop("crop_negatives", None)  # whole utterances
+    conf.pop("batch_augment", None)  # the utterances as they are
     fbank = dict(fbank_conf_of(train_conf))
     fbank["dither"] = 0.0
     conf["fbank_conf"] = fbank
@@ -288,6 +291,8 @@ class Featurizer:
         self.seed, self.rank = int(seed), int(rank)
         self.device = torch.device(device)
         self.pin_memory = pin_memory and self.device.type == "cuda"
+        augment = parse_conf(self.conf.get("batch_augment"))
+        self.augment = BatchAugment(augment, self.device) if augment else None
 
     def __call__(self, batch, epoch, index):
         keys, samples, lengths, targets = batch
@@ -295,6 +300,8 @@ class Featurizer:
         if self.pin_memory:
             samples = samples.pin_memory()
         samples = samples.to(self.device, non_blocking=True)  # int16; fbank reads them on that scale
+        if self.augment is not None:
+            samples = self.augment(samples, lengths, _rng(*entropy, _STREAM_AUGMENT))
         generator = None
         if self.dither > 0:
             generator = torch.Generator(device=self.device)

@@ -455,3 +455,14 @@ def test_adam_is_fused_unless_optim_conf_chooses():
     assert trainer.make_optimizer(model, {"lr": 0.01}, "conf.yaml").defaults["fused"] is True
     chosen = trainer.make_optimizer(model, {"lr": 0.01, "foreach": True}, "conf.yaml").defaults
     assert chosen["foreach"] is True and not chosen["fused"]
+
+
+def test_batch_augment_trains_and_changes_the_model(setup, reference, tmp_path):
+    root, corpus, _ = setup
+    config = write_config(
+        tmp_path / "augment.yaml",
+        {"dataset_conf.batch_conf.batch_size": 3, "dataset_conf.batch_augment": {"noise": {"p": 1.0}}},
+    )
+    assert run_inprocess((root, corpus, config), tmp_path / "m", "--max_epoch", "1", "--num_workers", "1") == 0
+    weights = state(tmp_path / "m" / "epoch_001.pt")["model"]["classifier.linear.weight"]
+    assert not torch.equal(weights, state(reference / "epoch_001.pt")["model"]["classifier.linear.weight"])

@@ -1,0 +1,210 @@
+"""Augmentation of a training batch on the training device (`dataset_conf.batch_augment`; issue 15, item 3).
+
+A new room, noise and level for every utterance in every epoch, computed on the padded batch of samples
+(int16 scale) before fbank, on the device the model trains on; the corpus on disk stays as it is. In
+order: reverberation, by FFT convolution with a generated room impulse response (a direct path, then
+exponentially decaying Gaussian noise whose decay reaches -60 dB at the drawn RT60), keeping the speech's
+level; additive noise at a random SNR over the utterance's speech power, drawn from a noise bank (16 kHz
+mono wavs listed in a file, one path per line or `key path`) or generated (coloured noise, power falling
+as 1 / f^c with c drawn from `colour`: 0 white, 1 pink, 2 brown); a gain in dB. Samples past an
+utterance's length stay zero; the result is clipped to the int16 range, as a recording would be.
+
+    batch_augment:
+      gain_db: [-6, 6]
+      noise: {p: 0.5, snr_db: [5, 30], colour: [0, 2], bank: null}
+      reverb: {p: 0.3, rt60_s: [0.2, 0.8]}
+
+Every draw comes from generators seeded by (seed, epoch, rank, batch) like dither and SpecAugment, so CPU
+runs stay bit-identical and a resumed epoch repeats itself. Speed and tempo changes are not here: they
+change an utterance's length and so the frames its labels point at (the synthetic corpus varies rate
+when it speaks).
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kws.audio import SAMPLE_RATE, read_wav
+from kws.errors import KwsError
+
+DEFAULTS = {
+    "gain_db": [-6.0, 6.0],
+    "noise": {"p": 0.5, "snr_db": [5.0, 30.0], "colour": [0.0, 2.0], "bank": None},
+    "reverb": {"p": 0.3, "rt60_s": [0.2, 0.8]},
+}
+MAX_RIR_S = 1.0  # impulse responses are cut here: past it the tail of an RT60 <= 1 s is below -60 dB
+WHERE = "dataset_conf.batch_augment"
+
+
+def _range(value, where, low=-math.inf, high=math.inf):
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        or not low <= value[0] <= value[1] <= high
+    ):
+        raise KwsError(f"{where}: expected [low, high] with {low:g} <= low <= high <= {high:g}, got {value!r}")
+    return [float(value[0]), float(value[1])]
+
+
+def _probability(value, where):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise KwsError(f"{where}: expected a probability in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _section(conf, name):
+    given = conf.get(name, DEFAULTS[name])
+    if given is None or given is False:
+        return None
+    if not isinstance(given, dict):
+        raise KwsError(f"{WHERE}.{name}: expected a mapping (or null to turn it off), got {given!r}")
+    unknown = sorted(set(given) - set(DEFAULTS[name]))
+    if unknown:
+        raise KwsError(f"{WHERE}.{name}.{unknown[0]}: unknown key (allowed: {', '.join(DEFAULTS[name])})")
+    return {**DEFAULTS[name], **given}
+
+
+def parse_conf(conf):
+    """dataset_conf.batch_augment -> the checked settings with defaults filled in, or None when off."""
+    if conf is None or conf is False:
+        return None
+    if conf is True:
+        conf = {}
+    if not isinstance(conf, dict):
+        raise KwsError(f"{WHERE}: expected a mapping, true or null, got {conf!r}")
+    unknown = sorted(set(conf) - set(DEFAULTS))
+    if unknown:
+        raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {', '.join(DEFAULTS)})")
+    gain = conf.get("gain_db", DEFAULTS["gain_db"])
+    settings = {"gain_db": None if gain is None else _range(gain, f"{WHERE}.gain_db", -60, 60)}
+    noise = _section(conf, "noise")
+    if noise is not None:
+        noise["p"] = _probability(noise["p"], f"{WHERE}.noise.p")
+        noise["snr_db"] = _range(noise["snr_db"], f"{WHERE}.noise.snr_db", -20, 100)
+        noise["colour"] = _range(noise["colour"], f"{WHERE}.noise.colour", 0, 3)
+    reverb = _section(conf, "reverb")
+    if reverb is not None:
+        reverb["p"] = _probability(reverb["p"], f"{WHERE}.reverb.p")
+        reverb["rt60_s"] = _range(reverb["rt60_s"], f"{WHERE}.reverb.rt60_s", 0.05, MAX_RIR_S)
+    settings.update(noise=noise, reverb=reverb)
+    return settings
+
+
+def read_noise_bank(path):
+    """The wavs a bank file lists (one path per line, or `key path`; relative to the file; # comments),
+    concatenated as one float32 tensor on the int16 scale."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise KwsError(f"{WHERE}.noise.bank: cannot read {path} ({err.strerror or err})") from None
+    parts = []
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        wav = Path(line.split()[-1])
+        wav = wav if wav.is_absolute() else path.parent / wav
+        try:
+            parts.append(read_wav(wav))
+        except KwsError as err:
+            raise KwsError(f"{path}:{number}: {err}") from None
+    if not parts:
+        raise KwsError(f"{path}: the noise bank lists no wav files")
+    return torch.from_numpy(np.concatenate(parts) * 32768.0)
+
+
+def room_impulse_responses(rt60, generator, device, rate=SAMPLE_RATE):
+    """[B, L] impulse responses, L the longest RT60 (at most MAX_RIR_S): Gaussian noise decaying by 60 dB
+    over each row's own RT60, normalised to unit energy, and a direct path of 1 at t = 0."""
+    length = int(min(float(rt60.max()), MAX_RIR_S) * rate)
+    t = torch.arange(length, device=device) / rate
+    decay = torch.exp(-3.0 * math.log(10.0) * t.unsqueeze(0) / rt60.unsqueeze(1))  # 10^(-3 t / rt60)
+    rir = torch.randn(len(rt60), length, generator=generator, device=generator.device).to(device) * decay
+    rir = rir / rir.square().sum(1, keepdim=True).sqrt().clamp_min(1e-12)
+    rir[:, 0] = 1.0  # the direct path carries as much energy as the whole reverberant tail
+    return rir
+
+
+def _coloured_noise(rows, samples, colour, generator, device):
+    white = torch.randn(rows, samples, generator=generator, device=generator.device).to(device)
+    spectrum = torch.fft.rfft(white)
+    freqs = torch.fft.rfftfreq(samples, device=device).clamp_min(1.0 / samples)
+    spectrum = spectrum * freqs.unsqueeze(0).pow(-colour.unsqueeze(1) / 2.0)
+    return torch.fft.irfft(spectrum, n=samples)
+
+
+def _power(x, mask, lengths):
+    return (x.square() * mask).sum(1) / lengths.clamp_min(1)
+
+
+class BatchAugment:
+    """Callable (samples [B, S] on the int16 scale, lengths [B], rng: a numpy Generator) -> augmented
+    float32 samples, same shape; `settings` from parse_conf. The noise and impulse responses are drawn
+    on the samples' device from torch generators seeded from `rng`."""
+
+    def __init__(self, settings, device="cpu"):
+        self.settings = settings
+        self.device = torch.device(device)
+        noise = settings.get("noise") or {}
+        self.bank = read_noise_bank(noise["bank"]).to(self.device) if noise.get("bank") else None
+
+    def __call__(self, samples, lengths, rng):
+        x = samples.to(torch.float32, copy=True)  # rows are replaced in place below
+        batch, width = x.shape
+        if batch == 0 or width == 0:
+            return x
+        lengths = lengths.to(x.device)
+        mask = (torch.arange(width, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)
+        reverb, noise, gain = self.settings["reverb"], self.settings["noise"], self.settings["gain_db"]
+        # Every draw is made whether or not it is used, so one setting's change does not shift the others.
+        generators = {}
+        for name in ("reverb", "noise"):
+            generators[name] = torch.Generator(device=x.device)
+            generators[name].manual_seed(int(rng.integers(2**62)))
+        draws = {
+            "reverb": rng.random(batch),
+            "rt60": rng.uniform(*(reverb or DEFAULTS["reverb"])["rt60_s"], batch),
+            "noise": rng.random(batch),
+            "snr": rng.uniform(*(noise or DEFAULTS["noise"])["snr_db"], batch),
+            "colour": rng.uniform(*(noise or DEFAULTS["noise"])["colour"], batch),
+            "offset": rng.random(batch),
+            "gain": rng.uniform(*(gain or [0.0, 0.0]), batch),
+        }
+        if reverb is not None:
+            rows = np.flatnonzero(draws["reverb"] < reverb["p"])
+            if len(rows):
+                x[rows] = self._reverberate(
+                    x[rows], mask[rows], lengths[rows], draws["rt60"][rows], generators["reverb"]
+                )
+        if noise is not None:
+            rows = np.flatnonzero(draws["noise"] < noise["p"])
+            if len(rows):
+                x[rows] = self._add_noise(x[rows], mask[rows], lengths[rows], draws, rows, generators["noise"])
+        if gain is not None:
+            x = x * torch.as_tensor(10.0 ** (draws["gain"] / 20.0), dtype=x.dtype, device=x.device).unsqueeze(1)
+        return (x * mask).clamp(-32768.0, 32767.0)
+
+    def _reverberate(self, x, mask, lengths, rt60, generator):
+        rir = room_impulse_responses(torch.as_tensor(rt60, dtype=x.dtype, device=x.device), generator, x.device)
+        n = 1 << (x.shape[1] + rir.shape[1] - 1).bit_length()
+        wet = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(rir, n=n), n=n)[:, : x.shape[1]] * mask
+        scale = (_power(x, mask, lengths) / _power(wet, mask, lengths).clamp_min(1e-12)).sqrt()
+        return wet * scale.unsqueeze(1)
+
+    def _add_noise(self, x, mask, lengths, draws, rows, generator):
+        count, width = x.shape
+        if self.bank is None:
+            colour = torch.as_tensor(draws["colour"][rows], dtype=x.dtype, device=x.device)
+            noise = _coloured_noise(count, width, colour, generator, x.device)
+        else:  # a random stretch of the bank, wrapping around its end
+            starts = torch.as_tensor((draws["offset"][rows] * len(self.bank)).astype(np.int64), device=x.device)
+            index = (starts.unsqueeze(1) + torch.arange(width, device=x.device).unsqueeze(0)) % len(self.bank)
+            noise = self.bank[index]
+        snr = torch.as_tensor(draws["snr"][rows], dtype=x.dtype, device=x.device)
+        speech, noise_power = _power(x, mask, lengths), _power(noise, mask, lengths).clamp_min(1e-12)
+        scale = (speech / (noise_power * 10.0 ** (snr / 10.0))).sqrt()
+        return x + noise * scale.unsqueeze(1) * mask

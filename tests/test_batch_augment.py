@@ -1,0 +1,117 @@
+"""Batch augmentation on the training device (kws.batch_augment, dataset_conf.batch_augment)."""
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from kws.batch_augment import BatchAugment, parse_conf, read_noise_bank
+from kws.dataset import Featurizer, cv_dataset_conf
+from kws.errors import KwsError
+
+FBANK = {"num_mel_bins": 16, "frame_shift": 10, "frame_length": 25, "dither": 0.0}
+
+
+def speech_batch(lengths, seed=0):
+    """Random 'speech' on the int16 scale, zero past each length."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), max(lengths), generator=g) * 3000
+    for row, length in enumerate(lengths):
+        x[row, length:] = 0
+    return x, torch.tensor(lengths)
+
+
+def run(settings, x, lengths, seed=1):
+    return BatchAugment(parse_conf(settings))(x, lengths, np.random.default_rng(seed))
+
+
+def snr_db(clean, noisy):
+    return float(10 * torch.log10(clean.square().mean() / (noisy - clean).square().mean()))
+
+
+def test_noise_is_added_at_the_drawn_snr_within_each_utterance_and_padding_stays_zero():
+    x, lengths = speech_batch([16000, 11000, 6000])
+    y = run({"gain_db": None, "reverb": None, "noise": {"p": 1.0, "snr_db": [12, 12]}}, x, lengths)
+    for row, length in enumerate(lengths.tolist()):
+        assert snr_db(x[row, :length], y[row, :length]) == pytest.approx(12.0, abs=0.01)
+        assert torch.all(y[row, length:] == 0)
+    assert torch.all(x == speech_batch([16000, 11000, 6000])[0])  # the input is left as it was
+
+
+def test_gain_alone_scales_by_the_drawn_decibels():
+    x, lengths = speech_batch([8000, 8000])
+    y = run({"gain_db": [-6, -6], "reverb": None, "noise": None}, x, lengths)
+    torch.testing.assert_close(y, x * 10 ** (-6 / 20))
+
+
+def test_reverberation_decays_60_db_over_its_rt60_and_keeps_the_level():
+    click = torch.zeros(1, 16000)
+    click[0, 0] = 10000.0
+    y = run({"gain_db": None, "noise": None, "reverb": {"p": 1.0, "rt60_s": [0.4, 0.4]}}, click, torch.tensor([16000]))
+    energy = y[0].square()
+    drop = 10 * torch.log10(energy[1500:1700].mean() / energy[1500 + 3200 : 1700 + 3200].mean())
+    assert float(drop) == pytest.approx(30.0, abs=6.0)  # 0.2 s of a 0.4 s RT60: half of 60 dB
+    assert float(energy.sum()) == pytest.approx(float(click.square().sum()), rel=1e-3)
+
+
+def test_same_draws_same_result_and_each_draw_its_own_stream():
+    x, lengths = speech_batch([9000, 7000, 5000, 3000])
+    on = {"noise": {"p": 1.0}, "reverb": {"p": 1.0}}
+    assert torch.equal(run(on, x, lengths, seed=3), run(on, x, lengths, seed=3))
+    assert not torch.equal(run(on, x, lengths, seed=3), run(on, x, lengths, seed=4))
+    # the noise drawn does not depend on whether the utterance was reverberated first
+    noise = {"gain_db": [0, 0], "noise": {"p": 1.0, "snr_db": [60, 60], "colour": [0, 0]}}
+    dry = run({**noise, "reverb": None}, x, lengths, seed=3) - x
+    wet = run({**noise, "reverb": {"p": 1.0}}, x, lengths, seed=3)
+    wet = wet - run({"gain_db": [0, 0], "noise": None, "reverb": {"p": 1.0}}, x, lengths, seed=3)
+    added_dry, added_wet = dry / dry.norm(dim=1, keepdim=True), wet / wet.norm(dim=1, keepdim=True)
+    assert torch.allclose(added_dry, added_wet, atol=1e-3)
+
+
+def test_noise_bank_noise_is_drawn_from_the_listed_wavs(tmp_path):
+    t = np.arange(16000) / 16000
+    soundfile.write(tmp_path / "hum.wav", (0.3 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32), 16000)
+    bank = tmp_path / "noise.list"
+    bank.write_text("# a bank of one hum\nhum hum.wav\n")
+    assert len(read_noise_bank(bank)) == 16000
+    x = torch.zeros(1, 8000)
+    x[0, ::2] = 1000.0  # a speech stand-in with power at 0 and 8 kHz only
+    conf = {"gain_db": None, "reverb": None, "noise": {"p": 1.0, "snr_db": [0, 0], "bank": str(bank)}}
+    added = run(conf, x, torch.tensor([8000]))[0] - x[0]
+    spectrum = torch.fft.rfft(added).abs()
+    assert int(spectrum.argmax()) == pytest.approx(500, abs=2)  # 1 kHz of the 16 kHz / 8000-point FFT
+
+
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        ({"noise": {"snr": [1, 2]}}, "dataset_conf.batch_augment.noise.snr: unknown key"),
+        ({"speed": [0.9, 1.1]}, "dataset_conf.batch_augment.speed: unknown key"),
+        ({"gain_db": [6, -6]}, "dataset_conf.batch_augment.gain_db: expected [low, high]"),
+        ({"reverb": {"p": 1.5}}, "dataset_conf.batch_augment.reverb.p: expected a probability"),
+        ({"reverb": {"rt60_s": [0.1, 3]}}, "dataset_conf.batch_augment.reverb.rt60_s: expected [low, high]"),
+        ("yes", "dataset_conf.batch_augment: expected a mapping"),
+    ],
+)
+def test_bad_settings_name_the_key(conf, message):
+    with pytest.raises(KwsError, match=message.replace("[", r"\[")):
+        parse_conf(conf)
+
+
+def test_bad_noise_bank_names_the_file_and_line(tmp_path):
+    bank = tmp_path / "noise.list"
+    bank.write_text("missing.wav\n")
+    with pytest.raises(KwsError, match=f"{bank}:1: .*missing.wav: audio file not found"):
+        read_noise_bank(bank)
+
+
+def test_featurizer_augments_training_batches_only():
+    x, lengths = speech_batch([8000, 6000])
+    batch = (["a", "b"], x.round().to(torch.int16), lengths, torch.tensor([0, -1]))
+    conf = {"fbank_conf": FBANK, "batch_augment": {"noise": {"p": 1.0}, "reverb": {"p": 1.0}}}
+    plain = Featurizer({"fbank_conf": FBANK})(batch, epoch=1, index=0)[1]
+    augmented = [Featurizer(conf, seed=5)(batch, epoch=e, index=0)[1] for e in (1, 1, 2)]
+    assert torch.equal(augmented[0], augmented[1]) and not torch.equal(augmented[0], augmented[2])
+    assert not torch.equal(plain, augmented[0])
+    assert "batch_augment" not in cv_dataset_conf(conf)
+    assert torch.equal(Featurizer(cv_dataset_conf(conf))(batch, epoch=1, index=0)[1], plain)
