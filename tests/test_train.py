@@ -445,7 +445,7 @@ def test_unknown_precision_is_a_config_error(setup, tmp_path):
 
     root, corpus, _ = setup
     config = write_config(tmp_path / "bad.yaml", {"training_config.precision": "fp16"})
-    with pytest.raises(KwsError, match="training_config.precision must be one of fp32, bf16, got 'fp16'"):
+    with pytest.raises(KwsError, match="training_config.precision must be one of fp32, bf16, auto, got 'fp16'"):
         run_inprocess((root, corpus, config), tmp_path / "m")
     assert not (tmp_path / "m" / "epoch_001.pt").exists()
 
@@ -466,3 +466,12 @@ def test_batch_augment_trains_and_changes_the_model(setup, reference, tmp_path):
     assert run_inprocess((root, corpus, config), tmp_path / "m", "--max_epoch", "1", "--num_workers", "1") == 0
     weights = state(tmp_path / "m" / "epoch_001.pt")["model"]["classifier.linear.weight"]
     assert not torch.equal(weights, state(reference / "epoch_001.pt")["model"]["classifier.linear.weight"])
+
+
+@pytest.mark.parametrize(
+    "native, device, want", [(True, "cpu", "bf16"), (False, "cpu", "fp32"), (False, "cuda", "fp32")]
+)
+def test_auto_precision_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, native, device, want):
+    monkeypatch.setattr(trainer, "native_bf16", lambda d: native and d.type == "cpu")
+    assert trainer.resolve_precision("auto", torch.device(device), "conf.yaml") == want
+    assert trainer.resolve_precision("fp32", torch.device(device), "conf.yaml") == "fp32"
