@@ -60,6 +60,14 @@ def peak_rss(proc, stop, out):
     out.append(peak)
 
 
+def shared_train_args(train_list, cv_list, model_dir, cmvn):
+    """The train.py arguments kwsflow and WeKws share (the hi_xiaowen recipe's), for one epoch of each."""
+    return [
+        *("--train_data", str(train_list), "--cv_data", str(cv_list), "--model_dir", str(model_dir)),
+        *("--num_keywords", "2", "--min_duration", "50", "--seed", "666", "--cmvn_file", str(cmvn), "--norm_var"),
+    ]
+
+
 def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
     if model_dir.exists():
         shutil.rmtree(model_dir)
@@ -68,21 +76,7 @@ def epoch(code, train_list, cv_list, model_dir, extra, dictionary=True):
         str(code / "scripts" / "train.py"),
         "--config",
         str(ROOT / "config/models/ds_tcn_small.yaml"),
-        "--train_data",
-        str(train_list),
-        "--cv_data",
-        str(cv_list),
-        "--model_dir",
-        str(model_dir),
-        "--num_keywords",
-        "2",
-        "--min_duration",
-        "50",
-        "--seed",
-        "666",
-        "--cmvn_file",
-        str(CMVN),
-        "--norm_var",
+        *shared_train_args(train_list, cv_list, model_dir, CMVN),
         "--max_epoch",
         "1",
         "--threads",
