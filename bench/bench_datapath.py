@@ -30,7 +30,7 @@ from kws.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "results" / "data" / "synthetic"
-CMVN = ROOT / "results" / "cmvn" / "fbank40_25ms_10ms" / "global_cmvn"
+CMVN = ROOT / "results" / "cmvn" / "fbank40_25ms_10ms_dither1" / "global_cmvn"  # the default model's
 
 
 def subset(src, dst, count, int_labels=False):

@@ -39,7 +39,7 @@ from kws.batch_augment import BatchAugment, parse_conf
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import FILLER, read_data_list, require_labels
 from kws.errors import KwsError
-from kws.features import batch_fbank, fbank_conf_of, frame_geometry, num_frames
+from kws.features import batch_fbank, fbank_conf_of, frame_geometry, inference_fbank, num_frames
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT, _STREAM_CROP = 0, 1, 2, 3, 4, 5
@@ -55,7 +55,8 @@ def input_dim_of(dataset_conf):
 
 
 def cv_dataset_conf(train_conf):
-    """The evaluation variant of a training dataset_conf: no shuffle, no SpecAugment, no dither."""
+    """The evaluation variant of a training dataset_conf: no shuffle, no SpecAugment, no random dither
+    (its expected power instead: kws.features.inference_fbank)."""
     conf = dict(train_conf)
     conf["shuffle"] = False
     conf["spec_aug"] = False
@@ -63,9 +64,7 @@ def cv_dataset_conf(train_conf):
     conf["speed_perturb"] = False
     conf.pop("crop_negatives", None)  # whole utterances
     conf.pop("batch_augment", None)  # the utterances as they are
-    fbank = dict(fbank_conf_of(train_conf))
-    fbank["dither"] = 0.0
-    conf["fbank_conf"] = fbank
+    conf["fbank_conf"] = inference_fbank(fbank_conf_of(train_conf))
     conf.pop("feature_extraction_conf", None)
     return conf
 

@@ -5,7 +5,8 @@ TorchScript `model.pt`, chosen by suffix. AUDIO is a 16 kHz mono wav, or `-` for
 little-endian mono PCM on standard input (e.g. `arecord -f S16_LE -r 16000 -c 1 -t raw | kws-detect m.pt -`).
 
 Audio is processed in chunks of --chunk-ms: fbank frames are computed incrementally
-(`kws.streaming_fbank`, the same `compute_fbank` as training and scoring, dither 0), the model runs on
+(`kws.streaming_fbank`, the same `compute_fbank` as training and scoring, with the
+exported inference settings: no random dither, its expected power), the model runs on
 the new frames carrying its cache, so the frame posteriors equal offline scoring of the whole file.
 A keyword is detected at the first frame whose posterior reaches its threshold; further frames of the
 same keyword are ignored for --refractory seconds after a detection (each keyword separately).

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from kws.errors import KwsError
-from kws.features import fbank_conf_of
+from kws.features import fbank_conf_of, inference_fbank
 from kws.keywords import keyword_slug as slug
 from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
 from kws.runners import quiet_warnings as _quiet
@@ -124,12 +124,11 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     if len(keywords) != model.num_keywords:
         raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
     cache = model.init_cache(1)
-    fbank = dict(fbank_conf_of(config.get("dataset_conf") or {}))
-    training_dither = fbank.pop("dither", 0.0)
+    training = fbank_conf_of(config.get("dataset_conf") or {})
+    fbank = inference_fbank(training)  # no random dither; its expected power (dither_floor) instead
     fbank.update(
         {
-            "dither": 0.0,
-            "training_dither": training_dither,
+            "training_dither": training["dither"],
             "sample_rate": SAMPLE_RATE,
             "snip_edges": True,
             "energy_floor": 0.0,

@@ -3,7 +3,8 @@
 `score.txt` has one line per utterance and keyword, in data.list order and keyword-id order:
 `key KEYWORD_TOKEN p_1 ... p_T` — sigmoid posteriors of the T valid frames, 6 decimals.
 
-Features are `kws.features.compute_fbank` with dither 0 and the checkpoint's fbank settings. Utterances
+Features are `kws.features.compute_fbank` with the checkpoint's fbank settings made inference ones
+(`kws.features.inference_fbank`: no random dither, its expected power instead). Utterances
 are batched in data.list order, zero-padded at the end; every backbone is causal (and BatchNorm is
 per frame in eval mode), so padding never changes a valid frame and results do not depend on the
 batch size beyond float rounding. A batch holds at most `batch_size` utterances and
@@ -20,7 +21,7 @@ import torch
 from kws.audio import read_wav
 from kws.datalist import keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
-from kws.features import compute_fbank, fbank_conf_of
+from kws.features import compute_fbank, fbank_conf_of, inference_fbank
 
 log = logging.getLogger("kws.score")
 
@@ -41,7 +42,7 @@ def resolve_device(name):
 
 
 def utterance_features(item, fbank_conf):
-    """fbank [T, D] of one data.list item, dither 0."""
+    """fbank [T, D] of one data.list item with inference settings (kws.features.inference_fbank)."""
     samples = read_wav(item["wav"])
     feats = compute_fbank(samples, fbank_conf, dither=0.0)
     if feats.shape[0] == 0:
@@ -113,7 +114,7 @@ def score(
             f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
             f"lists {len(tokens)} keyword(s)"
         )
-    fbank_conf = fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {})
+    fbank_conf = inference_fbank(fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {}))
     items = read_data_list(test_data, dictionary=dictionary)
     model.eval()
     done = 0

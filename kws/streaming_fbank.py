@@ -6,7 +6,8 @@ FFT, mel, log) looks at that frame only. So the frames of a stream are computed 
 `compute_fbank` itself on a window that covers whole frames and keeping the samples the next frame
 still needs. There is no second fbank implementation (WeKws's C++ runtime had one, with a different
 window than training); the number of frames depends only on the number of samples, as offline.
-Dither is always 0 at inference.
+No random dither at inference: the exported settings' `dither_floor` (the training dither's
+expected power, kws.features.inference_fbank) is added to every frame, as offline.
 
 The frames agree with a whole-file `compute_fbank` to float rounding (about 1e-6 on log-mel values
 of order 10: the batched FFT/matmul rounds differently for different frame counts).

@@ -7,7 +7,7 @@ import json
 from kws.cmvn import compute_cmvn_file
 from kws.config import load_model_config, parse_overrides
 from kws.errors import KwsError, cli
-from kws.features import fbank_conf_of
+from kws.features import fbank_conf_of, inference_fbank
 
 
 def parse_args(argv=None):
@@ -33,7 +33,7 @@ def fbank_conf_from_args(args):
         raise KwsError("--override: needs --model-config")
     if args.model_config:
         conf = load_model_config(args.model_config, parse_overrides(args.override))
-        return fbank_conf_of(conf["dataset_conf"], f"{args.model_config}: dataset_conf")
+        return inference_fbank(fbank_conf_of(conf["dataset_conf"], f"{args.model_config}: dataset_conf"))
     if args.fbank_json:
         try:
             fbank = json.loads(args.fbank_json)

@@ -121,6 +121,7 @@ def test_cv_conf_is_plain_and_in_file_order(train_list):
     data_list, items = train_list
     cv = cv_dataset_conf(conf())
     assert cv["spec_aug"] is False and cv["shuffle"] is False and cv["fbank_conf"]["dither"] == 0.0
+    assert cv["fbank_conf"]["dither_floor"] == conf()["fbank_conf"]["dither"]  # its expected power instead
     batches = epoch_batches(data_list, cv, 1)
     assert [k for b in batches[0] for k in b[0]] == [item["key"] for item in items]
     again = epoch_batches(data_list, cv, 1, epoch=5)

@@ -15,7 +15,7 @@ from kws.config import load_model_config
 from kws.detect import Detector, main, resolve_thresholds
 from kws.errors import KwsError
 from kws.export import build_metadata, export_artifacts
-from kws.features import compute_fbank, num_frames
+from kws.features import compute_fbank, inference_fbank, num_frames
 from kws.model import build_model
 from kws.runners import load_exported
 from kws.streaming_fbank import StreamingFbank
@@ -109,11 +109,13 @@ def tone_export(tmp_path_factory):
 # --------------------------------------------------------------------------- streaming fbank
 
 
-def test_streaming_fbank_equals_whole():
+@pytest.mark.parametrize("conf", [FBANK, inference_fbank(FBANK)], ids=["plain", "dither_floor"])
+def test_streaming_fbank_equals_whole(conf):
     x = (0.2 * np.random.default_rng(1).standard_normal(RATE * 2 + 123)).astype(np.float32)
-    whole = compute_fbank(x, FBANK, dither=0.0)
+    x[RATE // 2 : RATE] = 0  # digital silence, where the floor is all there is
+    whole = compute_fbank(x, conf, dither=0.0)
     for chunk in (1, 159, 160, 401, 1600, 7777, x.size):
-        stream = StreamingFbank(FBANK)
+        stream = StreamingFbank(conf)
         parts = [stream.accept(x[i : i + chunk]) for i in range(0, x.size, chunk)] if chunk > 1 else None
         if chunk == 1:  # one sample at a time for the first 1000 samples, then the rest at once
             parts = [stream.accept(x[i : i + 1]) for i in range(1000)] + [stream.accept(x[1000:])]

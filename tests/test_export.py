@@ -133,6 +133,7 @@ def test_export_writes_files_and_report(export_dir):
     assert meta["keywords"] == KEYWORDS
     assert meta["cache_shape"][0] == 1 and len(meta["cache_shape"]) == 3
     assert meta["fbank"]["dither"] == 0.0 and meta["fbank"]["training_dither"] == 1.0
+    assert meta["fbank"]["dither_floor"] == 1.0  # what scoring adds, so the detector sees the same frames
     # threshold at the 1 FA/h operating point where metrics has it, 0.5 otherwise
     assert meta["thresholds"] == {"<HI_XIAOWEN>": 0.63, "<NIHAO_WENWEN>": 0.5}
 

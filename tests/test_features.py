@@ -1,11 +1,13 @@
 """kws.features: the batched fbank is Kaldi's fbank (torchaudio.compliance.kaldi) for every utterance of a
 padded batch, and frame counts agree with it."""
 
+import math
+
 import pytest
 import torch
 import torchaudio.compliance.kaldi as kaldi
 
-from kws.features import batch_fbank, compute_fbank, num_frames
+from kws.features import batch_fbank, cmvn_fbank, compute_fbank, feature_tag, inference_fbank, num_frames
 
 CONFS = [
     {"num_mel_bins": 40, "frame_length": 25, "frame_shift": 10},
@@ -56,3 +58,30 @@ def test_dither_is_seeded_and_small():
     c, _ = batch_fbank(samples, [8000, 8000], conf, dither=1.0, generator=torch.Generator().manual_seed(4))
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert 0 < float((a - plain).abs().max()) < 0.1  # 1 unit on the int16 scale barely moves speech
+
+
+def test_inference_settings_replace_dither_by_its_expected_power():
+    """A model trained with dither never saw a frame below the dither; at inference digital silence
+    must look as it did in training (the mean power of dithered silence), not log(float eps)."""
+    conf = {**CONFS[0], "dither": 1.0}
+    settings = inference_fbank(conf)
+    assert settings["dither"] == 0.0 and settings["dither_floor"] == 1.0
+    assert inference_fbank({**conf, "dither_floor": 1.0})["dither_floor"] == pytest.approx(2**0.5)
+    assert inference_fbank(CONFS[0])["dither_floor"] == 0.0  # no training dither: plain Kaldi fbank
+    silence = torch.zeros(16000 * 20)
+    plain = compute_fbank(silence, conf, dither=0.0)
+    assert torch.allclose(plain, torch.full_like(plain, math.log(torch.finfo(torch.float32).eps)))
+    dithered = compute_fbank(silence, conf, dither=1.0, generator=torch.Generator().manual_seed(5))
+    floored = compute_fbank(silence, settings)
+    assert torch.allclose(floored, floored[0].expand_as(floored))  # deterministic: the same every frame
+    torch.testing.assert_close(floored[0], dithered.exp().mean(0).log(), rtol=0, atol=0.03)
+    # speech-level audio is all but unchanged
+    speech = (torch.rand(16000, generator=torch.Generator().manual_seed(6)) - 0.5) * 0.2
+    assert float((compute_fbank(speech, settings) - compute_fbank(speech, conf, dither=0.0)).abs().max()) < 1e-3
+
+
+def test_cmvn_and_its_folder_follow_the_inference_settings():
+    settings = cmvn_fbank({"fbank_conf": {**CONFS[0], "dither": 1.0}})
+    assert "dither" not in settings and settings["dither_floor"] == 1.0
+    assert feature_tag(settings) == "fbank40_25ms_10ms_dither1"
+    assert feature_tag(cmvn_fbank({"fbank_conf": CONFS[0]})) == "fbank40_25ms_10ms"

@@ -121,7 +121,7 @@ def model_conf(exp):
 
 
 def fbank_conf(exp):
-    """The fbank settings CMVN depends on (dither is a training-time setting)."""
+    """The fbank settings CMVN depends on: the inference ones (kws.features.cmvn_fbank)."""
     return cmvn_fbank(model_conf(exp)["dataset_conf"])
 
 
