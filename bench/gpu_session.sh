@@ -17,15 +17,19 @@
 #    each split from its own random stream), synthesised on the CPU while 2. runs.
 #
 # Knobs (environment; the defaults are the GPU session's):
-#   KWS_GPU_DEVICE      cuda | cpu                     (cuda)
-#   KWS_GPU_SIZE        synthetic corpus size of 2./3. (default)
-#   KWS_GPU_RESULTS     results folder of 2./3.        (results_gpu)
-#   KWS_SWEEP_DEADLINE  seconds before 3.'s unfinished runs are stopped (300)
-#   KWS_GPU_SWEEP       the sweep file of 3.           (bench/gpu_sweep.tsv)
-#   KWS_GPU_CHECK_ARGS  more arguments of bench/gpu_check.py, split on spaces (none)
-# The CPU readiness run of tests/test_gpu_session.py (a couple of minutes on 2 cores) sets them all:
-#   KWS_GPU_DEVICE=cpu KWS_GPU_SIZE=tiny KWS_GPU_RESULTS=/tmp/r KWS_SWEEP_DEADLINE=120 KWS_GPU_SWEEP=one_run.tsv \
-#   KWS_GPU_CHECK_ARGS="--batch 8 --steps 2 --corpus-size tiny --utterances 16 --epochs 2" bash bench/gpu_session.sh OUT
+#   KWS_GPU_DEVICE            cuda | cpu                                         (cuda)
+#   KWS_GPU_SIZE              synthetic corpus size of 2. and 3.                 (default)
+#   KWS_GPU_RESULTS           results folder of 2. and 3.                        (results_gpu)
+#   KWS_GPU_CHECK_ARGS        more arguments of bench/gpu_check.py, split on spaces (none)
+#   KWS_GPU_SWEEP             the sweep file of 3.                               (bench/gpu_sweep.tsv)
+#   KWS_GPU_CHECK_TIMEOUT     seconds before 1. is stopped                       (150)
+#   KWS_GPU_WORKFLOW_TIMEOUT  seconds before 2. is stopped                       (180)
+#   KWS_SWEEP_DEADLINE        seconds before 3.'s unfinished runs are stopped    (300)
+# The CPU readiness run of tests/test_gpu_session.py (a few minutes on 2 cores) sets them all; its limits
+# are loose, as a shared CPU may be slow, and only a GPU's budget needs them tight:
+#   KWS_GPU_DEVICE=cpu KWS_GPU_SIZE=tiny KWS_GPU_RESULTS=/tmp/r KWS_GPU_SWEEP=one_run.tsv \
+#   KWS_GPU_CHECK_ARGS="--batch 8 --steps 2 --corpus-size tiny --utterances 16 --epochs 2" \
+#   KWS_GPU_CHECK_TIMEOUT=600 KWS_GPU_WORKFLOW_TIMEOUT=600 KWS_SWEEP_DEADLINE=600 bash bench/gpu_session.sh OUT
 #
 # The machine has no network: snakemake, soundfile and espeakng-loader come as wheels in .whl/ when
 # present (see bench/results.md, "GPU session"). Everything lands in OUT_DIR: a log per phase, each ending
@@ -45,6 +49,8 @@ results=${KWS_GPU_RESULTS:-results_gpu}
 size=${KWS_GPU_SIZE:-default}
 device=${KWS_GPU_DEVICE:-cuda}
 sweep=${KWS_GPU_SWEEP:-bench/gpu_sweep.tsv}
+check_timeout=${KWS_GPU_CHECK_TIMEOUT:-150}
+workflow_timeout=${KWS_GPU_WORKFLOW_TIMEOUT:-180}
 deadline=${KWS_SWEEP_DEADLINE:-300}
 read -ra check_args <<< "${KWS_GPU_CHECK_ARGS:-}"
 { date; nvidia-smi -L; python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, \
@@ -62,7 +68,7 @@ phase() {
 }
 
 # 1. step, data path and end-to-end training figures
-phase gpu_check timeout 150 python3 bench/gpu_check.py --device "$device" --out "$out/gpu_check.md" "${check_args[@]}"
+phase gpu_check timeout "$check_timeout" python3 bench/gpu_check.py --device "$device" --out "$out/gpu_check.md" "${check_args[@]}"
 
 # The 4x training split of 3., synthesised in the background while the workflow runs (CPU only).
 train_big=$(python3 -c "from kws.synth import SIZES; print(4 * SIZES['$size']['train'])")
@@ -74,7 +80,7 @@ synth_pid=$!
 gpu=$([ "$device" = cuda ] && echo 1 || echo 0)
 printf 'results_dir: %s\ncorpus: {size: %s}\nscore: {gpu: %s}\nexperiments: {ds_tcn_small_gpu: {gpus: %s}}\n' \
     "$results" "$size" "$gpu" "$gpu" > "$out/overlay.yaml"
-phase workflow timeout 180 snakemake --cores 16 --resources gpu=1 --configfile bench/gpu_config.yaml \
+phase workflow timeout "$workflow_timeout" snakemake --cores 16 --resources gpu=1 --configfile bench/gpu_config.yaml \
     "$out/overlay.yaml" --set-threads synthesize_corpus=8 -- "$results/ds_tcn_small_gpu/metrics.json" \
     "$results/ds_tcn_small_gpu/export/model.onnx"
 
