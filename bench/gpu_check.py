@@ -1,19 +1,34 @@
 #!/usr/bin/env python3
-"""The GPU check for a session that has a CUDA machine (about 5 minutes): one script, one table.
+"""The GPU check for a session that has a CUDA machine (about 2 minutes): one script, one table.
 
-1. Training step throughput of the WeKws-size DS-TCN (config/models/ds_tcn.yaml, hidden 256) at batch 256
-   x 200 frames on pre-made batches: fp32, bf16 autocast, and torch.compile; GPU utilisation sampled with
-   nvidia-smi meanwhile.
-2. Whether the DataLoader keeps up: utterances/s of the training loader (8 workers) on a small synthetic
-   corpus, against the best step throughput above.
-3. A real `torchrun --nproc_per_node 1 scripts/train.py --gpus 0 --ddp.dist_backend nccl` epoch on that
-   corpus, with its utterances/s from train_log.tsv. (NCCL refuses two ranks on one GPU; a 2-process run
-   on one GPU would need gloo and is not what users run, so it is left out.)
+1. The training step alone: WeKws's DS-TCN (config/models/ds_tcn.yaml, hidden 256, 287 K parameters) at
+   batch 256 x 200 frames on one pre-made batch, with the trainer's optimizer and step
+   (kws.trainer.make_optimizer: fused Adam; optimizer_step: clip, then step): fp32, bf16 autocast and
+   torch.compile (measured last, as it takes the longest; skipped on a CPU: inductor's C++ build takes
+   minutes there); GPU utilisation sampled with nvidia-smi meanwhile. Also the default model's step in
+   the precision it trains in, for 3.'s ratio.
+2. The data path alone: utterances/s of the training batches (audio store slices, fbank and SpecAugment
+   on the device: kws.dataset), against the best eager step.
+3. End-to-end training through the real data path: `torchrun --nproc_per_node 1 scripts/train.py` (GPU 0,
+   or `--gpus -1` on a CPU; one rank starts no process group), the workflow's way (no --pin_memory), of
+   ds_tcn.yaml and of the default model (ds_tcn_small.yaml), both at batch 256. Corpus: a small synthetic
+   one, its training split repeated to --utterances (keys renamed) so that an epoch lasts long enough to
+   time at GPU rates; the audio stores are packed once for both runs. From train_log.tsv: utterances/s of
+   the epochs after the first (which pays for CUDA start-up and the allocator's growth; an epoch includes
+   its CV pass over the dev split), its ratio to the same model's step alone in the precision the trainer
+   resolves, and the projected wall time of 80 epochs of 130,000 utterances (Mobvoi scale) at that rate.
+
+Each row is written to --out as soon as it is measured, so a run cut short keeps what it measured. The
+exit status is 1 when a measurement failed (its row says why).
 
 Usage: python bench/gpu_check.py [--out bench/gpu_results.md] [--device cpu]  (cpu: a dry run of the code)
+       python bench/gpu_check.py --device cpu --batch 8 --steps 2 --corpus-size tiny --utterances 16 --epochs 2
+       (the readiness run of tests/test_gpu_session.py: minutes of CPU instead of hours)
 """
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,11 +41,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kws.audio_store import build_store  # noqa: E402
 from kws.config import load_model_config  # noqa: E402
 from kws.datalist import read_dictionary  # noqa: E402
+from kws.dataset import Featurizer, KwsDataset, input_dim_of  # noqa: E402
 from kws.launch import torchrun_command  # noqa: E402
 from kws.loss import max_pooling_loss  # noqa: E402
-from kws.model import build_model  # noqa: E402
+from kws.model import build_model, count_parameters  # noqa: E402
+from kws.trainer import make_optimizer, optimizer_step, resolve_precision  # noqa: E402
+from kws.trainlog import read_tsv  # noqa: E402
+
+WEKWS_MODEL = REPO / "config/models/ds_tcn.yaml"
+DEFAULT_MODEL = REPO / "config/models/ds_tcn_small.yaml"
+NUM_KEYWORDS = 2
+MIN_DURATION = 50
+# What the projection is for: Mobvoi hi_xiaowen's training split, trained for WeKws's recipe's 80 epochs.
+MOBVOI_UTTERANCES, MOBVOI_EPOCHS = 130_000, 80
 
 
 def sample_utilisation(stop, samples):
@@ -48,25 +74,34 @@ def sample_utilisation(stop, samples):
         time.sleep(0.5)
 
 
-def step_throughput(device, mode, steps=30, batch=256, frames=200):
-    conf = load_model_config(REPO / "config/models/ds_tcn.yaml")
-    model = build_model(conf["model"], 40, 2, None).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+def model_label(config):
+    """`ds_tcn.yaml (287 K)`: the config and the parameter count of its model with two keywords."""
+    conf = load_model_config(config)
+    model = build_model(conf["model"], input_dim_of(conf["dataset_conf"]), NUM_KEYWORDS, None)
+    return f"{config.name} ({count_parameters(model) / 1000:.0f} K)"
+
+
+def step_throughput(device, mode, config=WEKWS_MODEL, steps=30, batch=256, frames=200):
+    """Utterances/s of the training step alone on one pre-made batch, and the GPU's busy % meanwhile
+    (None without nvidia-smi). As many warm-up steps as timed ones, at most 5."""
+    conf = load_model_config(config)
+    input_dim = input_dim_of(conf["dataset_conf"])
+    model = build_model(conf["model"], input_dim, NUM_KEYWORDS, None).to(device)
+    optimizer = make_optimizer(model, conf.get("optim_conf"), config)
+    grad_clip = float(conf["training_config"]["grad_clip"])
     forward = torch.compile(model) if mode == "compile" else model
-    feats = torch.randn(batch, frames, 40, device=device)
+    feats = torch.randn(batch, frames, input_dim, device=device)
     lengths = torch.full((batch,), frames, device=device)
-    targets = torch.randint(-1, 2, (batch,), device=device)
+    targets = torch.randint(-1, NUM_KEYWORDS, (batch,), device=device)
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
             logits, _ = forward(feats)
-        loss, _ = max_pooling_loss(logits.float(), lengths, targets, 50)
-        optimizer.zero_grad(set_to_none=True)
+        loss, _ = max_pooling_loss(logits.float(), lengths, targets, MIN_DURATION)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
+        optimizer_step(model, optimizer, grad_clip)
 
-    for _ in range(5):
+    for _ in range(min(steps, 5)):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -80,141 +115,199 @@ def step_throughput(device, mode, steps=30, batch=256, frames=200):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     stop.set()
-    utilisation = sum(samples) / len(samples) if samples else float("nan")
+    utilisation = sum(samples) / len(samples) if samples else None
     return steps * batch / seconds, utilisation
 
 
-def loader_throughput(corpus, workers, batches=40):
-    """Steady-state utterances/s of the training data path on the GPU (store slices, fbank on the
-    device), epochs back to back, timed from the first batch. `workers` is kept for the call sites:
-    the data path runs in the training process."""
-    import torch
+def synthesize_corpus(corpus, size):
+    """A synthetic corpus of `size` with data.list files for its train and dev splits."""
+    run = [sys.executable, str(REPO / "scripts/synthesize_corpus.py"), "--out-dir", str(corpus), "--size", size]
+    subprocess.run([*run, "--threads", "8"], check=True, capture_output=True)
+    for split in ("train", "dev"):
+        make_list = [sys.executable, str(REPO / "scripts/make_list.py"), "--data-dir", str(corpus / split)]
+        subprocess.run([*make_list, "--dict", str(corpus / "dict/words.txt")], check=True, capture_output=True)
 
-    from kws.dataset import Featurizer, KwsDataset
 
-    conf = load_model_config(REPO / "config/models/ds_tcn.yaml")
+def repeated_list(source, out, utterances):
+    """`source`'s data.list repeated, keys suffixed with the repetition, up to `utterances` lines: an
+    epoch long enough to time at GPU rates from a corpus that synthesises in seconds. Returns the mean
+    duration in seconds."""
+    items = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    repeated = []
+    for index in range(utterances):
+        item = items[index % len(items)]
+        repeated.append(dict(item, key=f"{item['key']}_r{index // len(items)}"))
+    out.write_text("".join(json.dumps(item) + "\n" for item in repeated))
+    return sum(float(item["duration"]) for item in repeated) / len(repeated)
+
+
+def loader_throughput(data_list, store, dictionary, device, batch, batches=30):
+    """Steady-state utterances/s of the training data path (audio store slices, fbank and SpecAugment on
+    `device`: kws.dataset, as the trainer builds it) over `batches` batches after the first, epochs back
+    to back."""
+    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
     dataset = KwsDataset(
-        corpus / "train" / "data.list",
-        conf["dataset_conf"],
-        seed=666,
-        rank=0,
-        world_size=1,
-        dictionary=read_dictionary(corpus / "dict" / "words.txt"),
+        data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
     )
-    featurize = Featurizer(conf["dataset_conf"], device="cuda" if torch.cuda.is_available() else "cpu", pin_memory=True)
+    featurize = Featurizer(conf["dataset_conf"], device=device)
     count, seen, start = 0, 0, None
-    for epoch in range(1000):
-        for batch in featurize.batches(dataset, epoch):
+    for epoch in range(1, 1000):
+        for _keys, feats, _lengths, _targets in featurize.batches(dataset, epoch):
             if start is None:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 start = time.perf_counter()
             else:
-                count += len(batch[0])
+                count += len(feats)
             seen += 1
             if seen > batches:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 return count / (time.perf_counter() - start)
     return float("nan")
 
 
-def torchrun_epoch(corpus, workdir):
-    model_dir = workdir / "model"
+def end_to_end(config, data, workdir, device, batch, epochs):
+    """One-process torchrun of scripts/train.py on `data` (lists and audio stores); returns (utterances/s
+    of the epochs after the first, or of the only one, and which epochs those are)."""
+    model_dir = workdir / f"e2e_{config.stem}"
+    gpu = ["--gpus", "0", "--ddp.dist_backend", "nccl"] if device.type == "cuda" else ["--gpus", "-1"]
     command = [
         *torchrun_command(1, python=sys.executable),
         str(REPO / "scripts/train.py"),
-        "--gpus",
-        "0",
-        "--ddp.dist_backend",
-        "nccl",
-        "--config",
-        str(REPO / "config/models/ds_tcn.yaml"),
-        "--max_epoch",
-        "1",
-        "--train_data",
-        str(corpus / "train/data.list"),
-        "--cv_data",
-        str(corpus / "dev/data.list"),
-        "--model_dir",
-        str(model_dir),
-        "--num_keywords",
-        "2",
-        "--min_duration",
-        "50",
-        "--num_workers",
-        "8",
-        "--pin_memory",
-        "--dict",
-        str(corpus / "dict" / "words.txt"),
+        *("--config", str(config), "--model_dir", str(model_dir), "--max_epoch", str(epochs)),
+        *("--override", f"dataset_conf.batch_conf.batch_size={batch}"),
+        *("--train_data", str(data["train"]), "--train_audio_store", str(data["train_store"])),
+        *("--cv_data", str(data["dev"]), "--cv_audio_store", str(data["dev_store"])),
+        *("--num_keywords", str(NUM_KEYWORDS), "--min_duration", str(MIN_DURATION), "--dict", str(data["dict"])),
+        *gpu,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        return f"failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}"
-    rows = (model_dir / "train_log.tsv").read_text().splitlines()
-    header, last = rows[0].split("\t"), rows[-1].split("\t")
-    return f"{float(last[header.index('utts_per_s')]):.0f} utt/s (epoch incl. CV)"
+        # kws.errors.cli's `error: ...` line says why; torchrun's own summary follows it
+        lines = result.stderr.strip().splitlines() or [f"rc {result.returncode}"]
+        raise RuntimeError(f"train.py: {next((line for line in lines if line.startswith('error:')), lines[-1])}")
+    rows = read_tsv(model_dir / "train_log.tsv", epochs + 1)
+    timed = rows[1:] or rows
+    seconds = sum(float(row["seconds"]) for row in timed)
+    utterances = sum(float(row["utts_per_s"]) * float(row["seconds"]) for row in timed)
+    span = timed[0]["epoch"] if len(timed) == 1 else f"{timed[0]['epoch']}-{timed[-1]['epoch']}"
+    return utterances / seconds, span
+
+
+def projected(rate):
+    """Wall time of MOBVOI_EPOCHS epochs of MOBVOI_UTTERANCES utterances at `rate` utterances/s."""
+    seconds = MOBVOI_EPOCHS * MOBVOI_UTTERANCES / rate
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+class Table:
+    """The markdown table, rewritten to `path` after every row; `failed` says whether a row failed."""
+
+    def __init__(self, path, title):
+        self.path = Path(path)
+        self.lines = [f"# {title}", "", f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M')}", ""]
+        self.lines += ["| what | figure |", "|---|---|"]
+        self.failed = False
+        self.path.write_text("\n".join(self.lines) + "\n")
+
+    def row(self, what, measure):
+        """Add `| what | measure() |`; an exception becomes the row's figure (this is a measurement script:
+        report and go on)."""
+        try:
+            figure = measure()
+        except Exception as err:  # noqa: BLE001
+            figure = f"failed: {type(err).__name__}: {str(err)[:200]}"
+            self.failed = True
+        self.lines.append(f"| {what} | {figure} |")
+        print(self.lines[-1], flush=True)
+        self.path.write_text("\n".join(self.lines) + "\n")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(REPO / "bench" / "gpu_results.md"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--no-torchrun", action="store_true", help="skip the torchrun epoch (3.)")
+    parser.add_argument("--batch", type=int, default=256, help="batch size of every measurement (default 256)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps per mode, and batches of 2. (default 30; 2 on a CPU)"
+    )
+    parser.add_argument("--corpus-size", default="small", help="synthetic corpus size for 2. and 3. (default small)")
+    parser.add_argument(
+        "--utterances", type=int, default=12_800, help="training utterances of 3.'s epochs (default 12,800)"
+    )
+    parser.add_argument("--epochs", type=int, default=4, help="epochs of 3.; the first is not timed (default 4)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    lines = [
-        f"# GPU check ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu dry run'})",
-        "",
-        f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M')}",
-        "",
-        "| what | figure |",
-        "|---|---|",
-    ]
-    best = 0.0
-    for mode in ("fp32", "bf16", "compile"):
-        try:
-            rate, utilisation = step_throughput(device, mode, steps=30 if device.type == "cuda" else 2)
-            best = max(best, rate)
-            lines.append(f"| DS-TCN 256 step, batch 256 x 200, {mode} | {rate:.0f} utt/s, GPU {utilisation:.0f}% |")
-        except Exception as err:  # noqa: BLE001 - report and go on: this is a measurement script
-            lines.append(f"| DS-TCN 256 step, {mode} | failed: {type(err).__name__}: {str(err)[:120]} |")
-        print(lines[-1], flush=True)
+    steps = args.steps or (30 if device.type == "cuda" else 2)
+    title = f"GPU check ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu dry run'})"
+    table = Table(args.out, title)
+    labels = {config: model_label(config) for config in (WEKWS_MODEL, DEFAULT_MODEL)}
+
+    step_rates = {}  # (config, mode) -> utterances/s of the step alone
+
+    def measure_step(config, mode):
+        rate, utilisation = step_throughput(device, mode, config, steps=steps, batch=args.batch)
+        step_rates[config, mode] = rate
+        busy = f", GPU {utilisation:.0f}%" if utilisation is not None else ""
+        return f"{rate:.0f} utt/s{busy}"
+
+    for mode in ("fp32", "bf16"):
+        table.row(
+            f"{labels[WEKWS_MODEL]} step, batch {args.batch} x 200, {mode}",
+            lambda mode=mode: measure_step(WEKWS_MODEL, mode),
+        )
+    # The precision each model trains in on this device (training_config.precision, `auto` resolved).
+    precisions = {
+        config: resolve_precision(load_model_config(config)["training_config"].get("precision", "fp32"), device, config)
+        for config in labels
+    }
+    for config, precision in precisions.items():
+        if (config, precision) not in step_rates:
+            what = f"{labels[config]} step, batch {args.batch} x 200, {precision}"
+            table.row(what, lambda config=config, precision=precision: measure_step(config, precision))
+
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         corpus = workdir / "corpus"
-        subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "scripts/synthesize_corpus.py"),
-                "--out-dir",
-                str(corpus),
-                "--size",
-                "small",
-                "--threads",
-                "8",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        synthesize_corpus(corpus, args.corpus_size)
+        data = {"train": workdir / "train.list", "dev": corpus / "dev/data.list", "dict": corpus / "dict/words.txt"}
+        mean_seconds = repeated_list(corpus / "train/data.list", data["train"], args.utterances)
+        threads = len(os.sched_getaffinity(0))
         for split in ("train", "dev"):
-            subprocess.run(
-                [
-                    sys.executable,
-                    str(REPO / "scripts/make_list.py"),
-                    "--data-dir",
-                    str(corpus / split),
-                    "--dict",
-                    str(corpus / "dict/words.txt"),
-                ],
-                check=True,
-                capture_output=True,
-            )
-        rate = loader_throughput(corpus, workers=8)
-        lines.append(f"| loader, 8 workers | {rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best step |")
-        print(lines[-1], flush=True)
-        if device.type == "cuda" and not args.no_torchrun:
-            lines.append(f"| torchrun 1 GPU, NCCL, 1 epoch (small corpus) | {torchrun_epoch(corpus, workdir)} |")
-            print(lines[-1], flush=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+            data[f"{split}_store"] = workdir / f"audio_{split}"
+            build_store(data[split], data[f"{split}_store"], threads=threads)
+        dictionary = read_dictionary(data["dict"])
+        best = max(step_rates.values(), default=0.0)
+
+        def measure_loader():
+            rate = loader_throughput(data["train"], data["train_store"], dictionary, device, args.batch, steps)
+            return f"{rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best eager step"
+
+        table.row(f"data path alone ({WEKWS_MODEL.name} features), batch {args.batch}", measure_loader)
+        for config, precision in precisions.items():
+
+            def measure_training(config=config, precision=precision):
+                rate, span = end_to_end(config, data, workdir, device, args.batch, args.epochs)
+                step = step_rates.get((config, precision))
+                ratio = f"{rate / step:.2f}x the {precision} step alone" if step else "no step figure to compare"
+                return (
+                    f"{rate:.0f} utt/s (epochs {span} of {args.utterances:,} utterances of {mean_seconds:.1f} s "
+                    f"on average, CV included) = {ratio}; projected "
+                    f"{MOBVOI_EPOCHS} epochs x {MOBVOI_UTTERANCES:,} utterances: {projected(rate)}"
+                )
+
+            what = f"end-to-end training (torchrun, train.py), {labels[config]}, batch {args.batch}, {precision}"
+            table.row(what, measure_training)
+    # Last: compiling takes the longest, and the end-to-end figures above must not wait for it.
+    what = f"{labels[WEKWS_MODEL]} step, batch {args.batch} x 200, compile"
+    if device.type == "cpu":  # inductor's C++ build of the model takes minutes on a CPU
+        table.row(what, lambda: "skipped on CPU")
+    else:
+        table.row(what, lambda: measure_step(WEKWS_MODEL, "compile"))
     print(f"written {args.out}")
+    return 1 if table.failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

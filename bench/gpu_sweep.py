@@ -9,7 +9,8 @@ these small models leave the GPU mostly idle, so they share it here.
 training split under <results>/big, made by bench/gpu_session.sh). All runs use the default corpus's
 CMVN and its test split, so their figures compare. The summary lists FRR at 0 (no false alarm), 1, 2
 and 5 false alarms per hour from the DET stats: at 1 filler-hour the 1 FA/h figure rests on the top two
-negative scores, the 5 FA/h one on the top six, so both are shown.
+negative scores, the 5 FA/h one on the top six, so both are shown. The exit status is 1 when a run did
+not finish (failed, or stopped at --deadline).
 
 Usage: python bench/gpu_sweep.py --results results_gpu --sweep bench/gpu_sweep.tsv --out sweep.md
 """
@@ -40,12 +41,23 @@ def frr_at(stats_file, target):
 
 
 def run_chain(row, args, status):
+    """The run's four steps one after another, its state in status[name]; an error is a failed state, not
+    a traceback that leaves the run `waiting` in the summary."""
+    try:
+        _run_chain(row, args, status)
+    except Exception as err:  # noqa: BLE001 - the summary reports it; the other runs go on
+        status[row["name"]] = (f"failed: {type(err).__name__}: {err}", None)
+
+
+def _run_chain(row, args, status):
     name = row["name"]
     data = Path(args.results) / "data" / "synthetic"
     train_dir = Path(args.results) / "big" if row["corpus"] == "big" else data
     run_dir = Path(args.results) / "sweep" / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmvn = next((Path(args.results) / "cmvn").glob("*/global_cmvn"))
+    cmvn = next((Path(args.results) / "cmvn").glob("*/global_cmvn"), None)
+    if cmvn is None:
+        raise FileNotFoundError(f"no {args.results}/cmvn/*/global_cmvn: the workflow has not run there")
     python = sys.executable
     gpu = ["--gpus", "0", "--ddp.dist_backend", "nccl"] if args.device == "cuda" else ["--gpus", "-1"]
     overrides = [arg for item in shlex.split(row["overrides"]) for arg in ("--override", item)]
@@ -209,7 +221,9 @@ def main():
         "FRR % at 0 / 1 / 2 / 5 false alarms per hour on the default test split.\n\n" + table
     )
     print(table)
+    # Non-zero when a run did not finish (failed or stopped at the deadline): the session log says so.
+    return 0 if all(state.startswith("done") for state, _ in status.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

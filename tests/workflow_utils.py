@@ -16,15 +16,21 @@ TEST_CONFIG = REPO / ".test" / "config" / "config.yaml"
 TINY_CONFIG = yaml.safe_load(TEST_CONFIG.read_text())
 
 
+def copy_checkout(root, extra=()):
+    """Copy the workflow, scripts, configs and library (and the `extra` folders) into `root`; returns root."""
+    root = Path(root)
+    for name in ("workflow", "scripts", "config", "kws", *extra):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "environment.yml", root / "environment.yml")
+    return root
+
+
 def make_workdir(root, config=None):
     """Copy the workflow, scripts, configs and library into `root` and write its config.yaml.
 
     A copy lets a test edit a script (to check code-change reruns) without touching the checkout.
     """
-    root = Path(root)
-    for name in ("workflow", "scripts", "config", "kws"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "environment.yml", root / "environment.yml")
+    root = copy_checkout(root)
     write_config(root, config or TINY_CONFIG)
     return root
 
