@@ -19,7 +19,7 @@ from kws.errors import KwsError
 from kws.synth import augment as aug
 from kws.synth import engines
 from kws.synth.corpus import HELDOUT_SPLIT, SPLITS, CorpusSpec, plan_corpus, synthesize_corpus
-from kws.synth.phrases import _normal, keyword_names, make_profile, token_of
+from kws.synth.phrases import PHONEME_NEIGHBOURS, VOWELS, _base, _normal, keyword_names, make_profile, token_of
 
 RATE = 16000
 ENGLISH = {"language": "en-us", "keywords": ["hey kws"]}
@@ -75,6 +75,26 @@ def test_confusables_are_partial_reordered_and_neighbours_never_the_phrase():
     # Mandarin phrases keep the hand-written near-misses and add made ones
     mandarin = make_profile("cmn", ["hi_xiaowen"])
     assert "嗨小王" in mandarin.text_confusables and "小问嗨" in mandarin.text_confusables
+
+
+def test_phoneme_near_misses_never_change_only_a_reduced_vowel():
+    """Swapping a vowel without primary stress (the /ʌ/ of "double" for a schwa) makes speech a listener
+    hears as the keyword: such a negative would contradict the positives. Consonants and stressed vowels
+    still change."""
+    profile = make_profile(**ENGLISH)
+    words = profile._phrase_phonemes[0]
+    made = {"reduced vowel": set(), "stressed vowel": set(), "consonant": set()}
+    for w, word in enumerate(words):
+        for p, phoneme in enumerate(word):
+            base = _base(phoneme)
+            kind = "consonant" if base not in VOWELS else "stressed vowel" if phoneme[0] == "'" else "reduced vowel"
+            for other in PHONEME_NEIGHBOURS.get(base, "").split():
+                new = list(word)
+                new[p] = phoneme.replace(base, other, 1)
+                made[kind].add("[[" + " ".join("".join(x) for x in words[:w] + [new] + words[w + 1 :]) + "]]")
+    confusables = set(profile.phoneme_confusables)
+    assert made["reduced vowel"] and not made["reduced vowel"] & confusables
+    assert made["stressed vowel"] & confusables and made["consonant"] & confusables
 
 
 def test_other_languages_get_fillers_in_their_own_language():

@@ -14,7 +14,7 @@ from kws.errors import KwsError
 from kws.synth import faults, plan_corpus, synthesize_corpus
 from kws.synth.augment import SPEAKER_TRANSFORMS as SPEAKERS
 from kws.synth.augment import resample
-from kws.synth.corpus import SPLITS, CorpusSpec, split_voices
+from kws.synth.corpus import SPLITS, CorpusSpec, _said_alone, split_voices
 from kws.synth.espeak import EXCLUDED_VARIANTS, list_variants, synthesize_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +145,24 @@ def test_positives_said_alone_record_where_their_keyword_ends(corpora):
                 assert 0.3 < end < seconds
                 if name == "clean":
                     assert end == pytest.approx(seconds - 0.1, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [CorpusSpec(), CorpusSpec(language="en-us", keywords=("hey kws",))],
+    ids=["cmn_default", "en_phrase"],
+)
+def test_only_a_keyword_said_alone_counts_as_ending_where_its_speech_ends(spec):
+    """A positive followed by more speech (嗨小问，打开电视; `hey kws, what time is it`) must not record its
+    keyword's end at the end of that speech: training anchors on it. Every language, not just Mandarin."""
+    plan, _ = plan_corpus("small", 666, spec=spec)
+    positives = [item for item in plan["train"] if item["token"] != "<FILLER>"]
+    alone = [item for item in positives if _said_alone(item)]
+    followed = [item for item in positives if not _said_alone(item)]
+    assert alone and followed
+    for item in followed:
+        text, keyword = item["requests"][0]["text"], item["keyword_text"]
+        assert text.startswith(keyword) and len(text) > len(keyword) + 2 and text[len(keyword)] in ",，"
 
 
 def test_speaker_augmentation_changes_training_only(corpora):

@@ -187,7 +187,7 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
     train_utterances: the training split's size instead of the size's own; dev and test stay as they are
     (each split is drawn from its own random stream). spec: a CorpusSpec (default: the Mandarin default).
     """
-    from kws.synth.phrases import make_profile
+    from kws.synth.phrases import make_profile, spoken_keyword
 
     if size not in SIZES:
         raise KwsError(f"--size {size!r}: choose one of {', '.join(SIZES)}")
@@ -210,16 +210,17 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         rng.shuffle(kinds)
         items = []
         for index, kind in enumerate(kinds):
-            items.append(
-                {
-                    "key": f"syn_{split}_{index:06d}_{kind}",
-                    "split": split,
-                    "kind": kind,
-                    "token": profile.positive.get(kind, FILLER),
-                    "seed": [seed, split_index, index],
-                    "requests": [_request(rng, profile, kind, voices[split], text_only)],
-                }
-            )
+            item = {
+                "key": f"syn_{split}_{index:06d}_{kind}",
+                "split": split,
+                "kind": kind,
+                "token": profile.positive.get(kind, FILLER),
+                "seed": [seed, split_index, index],
+                "requests": [_request(rng, profile, kind, voices[split], text_only)],
+            }
+            if item["token"] != FILLER:  # where its keyword ends is known only when nothing follows it
+                item["keyword_text"] = spoken_keyword(profile, item["requests"][0]["text"])
+            items.append(item)
         if split in ("test", HELDOUT_SPLIT):
             low, high = sizes["stream_length"]
             total, index = 0.0, len(items)
@@ -323,20 +324,9 @@ def _clean_and_speed(rng, augment):
     return clean, speed
 
 
-def _without_command(text):
-    """A positive's text without the command said after its keyword ("<keyword>，<command>"), else as is."""
-    from kws.synth.phrases import COMMANDS
-
-    for command in COMMANDS:
-        if text.endswith("，" + command):
-            return text[: -len(command) - 1]
-    return text
-
-
 def _said_alone(item):
-    """A positive whose text is the keyword alone (no command after it): its speech ends where the keyword does."""
-    text = item["requests"][0]["text"]
-    return item["token"] != FILLER and _without_command(text) == text
+    """A positive whose text is the keyword alone (no speech after it): its speech ends where the keyword does."""
+    return item["token"] != FILLER and item["keyword_text"] == item["requests"][0]["text"]
 
 
 def _render_utterance(item, pcm, augment, babble, transforms=()):
@@ -463,7 +453,7 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
         if item["token"] == FILLER:
             continue
         request = dict(item["requests"][0])
-        request["text"] = _without_command(request["text"])  # keep the keyword
+        request["text"] = item["keyword_text"]  # the keyword alone
         requests.append(request)
         speeds.append(_clean_and_speed(np.random.default_rng(item["seed"]), augment)[1])
     pcms = synthesize_batch(requests)
