@@ -774,8 +774,8 @@ class PhraseProfile:
         """Each phrase with one phoneme swapped for a neighbour, as eSpeak phoneme input. In a language
         that marks stress, only consonants and primary-stressed vowels are swapped: a reduced vowel's
         neighbour (the schwa of "double" for its /ʌ/) is heard as the keyword itself, and such negatives
-        only contradict the positives (measured on "hey kws": they scored as high as the keyword and
-        held the train loss at 0.31)."""
+        only contradict the positives (on "hey kws" they scored as high as the keyword: 0.71-0.81 on
+        average against a median of 0.77)."""
         out = set()
         for words in self._phrase_phonemes:
             stress_marked = any(phoneme.startswith("'") for word in words for phoneme in word)
