@@ -17,8 +17,9 @@ FILLER = -1
 REQUIRED_FIELDS = ("key", "txt", "duration", "wav")
 # who spoke a synthetic utterance, what it is (keyword, partial, near_miss, speech, ...; see
 # kws.synth.phrases.UTTERANCE_KINDS) and, for a positive, the second its keyword ends (training may
-# anchor on it: train.end_anchor); WeKws ignores fields it does not read
-EXTRA_FIELDS = ("engine", "voice", "kind", "keyword_end")
+# anchor on it: train.end_anchor), and what it says as phonemes (training_config.phone_ctc); WeKws ignores
+# fields it does not read
+EXTRA_FIELDS = ("engine", "voice", "kind", "keyword_end", "phones")
 
 
 def read_text(path, what="file"):
@@ -174,6 +175,9 @@ def read_data_list(path, num_keywords=None, dictionary=None):
         end = item.get("keyword_end")
         if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float)) or not 0 <= end <= duration):
             raise KwsError(f"{path}:{number}: keyword_end must be a number of seconds within the duration, got {end!r}")
+        phones = item.get("phones")
+        if phones is not None and not isinstance(phones, str):
+            raise KwsError(f"{path}:{number}: phones must be a string of space-separated phonemes, got {phones!r}")
         item["label"] = label
         items.append(item)
     if not items:
@@ -193,7 +197,7 @@ def require_labels(items, path):
 
 def write_data_list(path, items):
     """Write a `data.list` atomically, one JSON object per line, keys in WeKws order (`label` not written),
-    then engine, voice, kind and keyword_end where an item has them."""
+    then engine, voice, kind, keyword_end and phones where an item has them."""
     from kws.fileio import atomic_open
 
     with atomic_open(path) as out:

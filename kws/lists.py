@@ -24,7 +24,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     Items hold key, txt (the token, as WeKws HEAD writes it), duration, wav, and label (the keyword id);
     with a `utt2voice` beside wav.scp (the synthetic corpus: `<key> <engine> <voice>`) also engine and voice,
     with a `utt2kind` (`<key> <kind>`: keyword, partial, near_miss, speech, ...) also kind, and with a
-    `utt2keyword_end` (`<key> <seconds>`: where a positive's keyword ends) also keyword_end.
+    `utt2keyword_end` (`<key> <seconds>`: where a positive's keyword ends) also keyword_end, and with a
+    `utt2phones` (`<key> <phoneme> ...`: what it says) also phones.
     """
     data_dir = Path(data_dir)
     scp_path, text_path = data_dir / "wav.scp", data_dir / "text"
@@ -36,6 +37,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
     kinds = read_numbered_map(kind_path) if kind_path.is_file() else {}
     end_path = data_dir / "utt2keyword_end"
     ends = read_numbered_map(end_path) if end_path.is_file() else {}
+    phones_path = data_dir / "utt2phones"
+    phones = read_numbered_map(phones_path) if phones_path.is_file() else {}
     if not scp:
         raise KwsError(f"{scp_path}: no utterances")
     for key, (number, _) in scp.items():
@@ -61,6 +64,9 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             raise KwsError(f"{end_path}:{number}: expected `<key> <seconds>` for a key of {scp_path}")
         if dictionary[text[key][1]] < 0:
             raise KwsError(f"{end_path}:{number}: {key} is not a keyword utterance in {text_path}")
+    for key, (number, _) in phones.items():
+        if key not in scp:
+            raise KwsError(f"{phones_path}:{number}: {key!r} is not a key of {scp_path}")
     check_keyword_positives((label for _, label in text.values()), dictionary, data_dir.name, text_path)
     for key, (number, wav) in scp.items():
         if wav.endswith("|"):
@@ -86,6 +92,8 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             item["kind"] = kinds[key][1]
         if key in ends:
             item["keyword_end"] = min(float(ends[key][1]), duration)
+        if key in phones and phones[key][1].strip():
+            item["phones"] = " ".join(phones[key][1].split())
         items.append(item)
     return items
 

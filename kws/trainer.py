@@ -58,6 +58,7 @@ from kws.distributed import (
 from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
+from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
 from kws.trainlog import add_scalars, open_writer, read_tsv, run_info, setup_logging, write_tsv
@@ -192,6 +193,9 @@ def resolve_config(args):
         raise KwsError(
             f"{args.config}: training_config.end_anchor must be a number of frames >= 0 or null, got {anchor!r}"
         )
+    weight = tc.get("phone_ctc")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
+        raise KwsError(f"{args.config}: training_config.phone_ctc must be a weight >= 0 or null, got {weight!r}")
     for key in ("max_epoch", "log_interval"):
         if isinstance(tc[key], bool) or not isinstance(tc[key], int) or tc[key] < 1:
             raise KwsError(f"{args.config}: training_config.{key} must be a positive integer, got {tc[key]!r}")
@@ -285,7 +289,8 @@ class NonFiniteGuard:
 
 @dataclass
 class TrainState:
-    """What the loop reads and changes. `model` is DDP-wrapped when world_size > 1, `bare_model` not."""
+    """What the loop reads and changes. `model` is what trains (the KWSModel, or with phone_ctc a
+    PhoneCTCModel around it), DDP-wrapped when world_size > 1; `bare_model` the KWSModel alone."""
 
     model: torch.nn.Module
     bare_model: torch.nn.Module
@@ -304,6 +309,8 @@ class TrainState:
     end_anchor: int = None  # training_config.end_anchor
     end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
     autocast_dtype: object = None  # PRECISIONS[training_config.precision]
+    phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
+    phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
 
 
 def target_window(state, keys):
@@ -318,6 +325,25 @@ def target_window(state, keys):
     starts = [max(floor, ends[key] - anchor) if key in ends else floor for key in keys]
     stops = [ends[key] + anchor + 1 if key in ends else 1 << 30 for key in keys]
     return torch.tensor(starts, device=state.device), torch.tensor(stops, device=state.device)
+
+
+def cropped_keys(dataset):
+    """Keys of the utterances trained on a window of their audio (dataset_conf.crop_negatives)."""
+    return {item["key"] for item, cropped in zip(dataset.items, dataset.cropped) if cropped}
+
+
+def phone_supervision(tc, train_set):
+    """The phoneme classes for training_config.phone_ctc ([] when it is off, or when the training list
+    has no `phones`: real corpora train as without it, with a warning)."""
+    if not tc.get("phone_ctc"):
+        return []
+    phones = phone_vocabulary(train_set.items)
+    if not phones:
+        log.warning(
+            "training_config.phone_ctc: no utterance of the training list has `phones` (the synthetic "
+            "corpus writes them); training without the phoneme loss"
+        )
+    return phones
 
 
 def optimizer_step(model, optimizer, grad_clip):
@@ -338,26 +364,30 @@ def idle_backward(model, input_dim, device):
     was_training = model.training
     model.eval()  # BatchNorm statistics stay put, no dropout
     feats = torch.zeros(1, 8, input_dim, device=device)
-    logits, _ = model(feats)
-    (logits.sum() * 0.0).backward()
+    outputs = model(feats)  # (logits, cache), or (logits, phoneme logits) with training_config.phone_ctc
+    (sum(output.float().sum() for output in outputs) * 0.0).backward()
     model.train(was_training)
 
 
 def batch_backward(state, batch, active_ranks):
     """Forward and backward of one batch, the loss scaled so that DDP's average over all ranks is the
-    mean over the `active_ranks` that had a batch. Returns (loss, acc)."""
+    mean over the `active_ranks` that had a batch. Returns (keyword loss, acc, phoneme CTC loss or nan)."""
     keys, feats, lengths, targets = batch
     feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
     if state.autocast_dtype is None:
-        logits, _ = state.model(feats)
+        logits, second = state.model(feats)
     else:
         with torch.autocast(state.device.type, dtype=state.autocast_dtype):
-            logits, _ = state.model(feats)
+            logits, second = state.model(feats)
         logits = logits.float()  # the loss's sigmoid and logs in fp32
     loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
+    total, phone_loss = loss, float("nan")
+    if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
+        ctc = phone_ctc_loss(second, lengths, keys, state.phone_targets)
+        total, phone_loss = loss + state.phone_ctc * ctc, ctc.item()
     scale = state.dist.world_size / active_ranks
-    (loss * scale if scale != 1 else loss).backward()
-    return loss.item(), acc
+    (total * scale if scale != 1 else total).backward()
+    return loss.item(), acc, phone_loss
 
 
 def train_one_epoch(state, batches, epoch, counts):
@@ -373,9 +403,9 @@ def train_one_epoch(state, batches, epoch, counts):
         active = sum(1 for count in counts if count >= batch_index)
         batch = next(batches) if counts[state.rank] >= batch_index else None
         state.step += 1
-        loss_value = acc = float("nan")
+        loss_value = acc = phone_loss = float("nan")
         if batch is not None:
-            loss_value, acc = batch_backward(state, batch, active)
+            loss_value, acc, phone_loss = batch_backward(state, batch, active)
             count = len(batch[0])
             seen += count
             if math.isfinite(loss_value):
@@ -389,13 +419,14 @@ def train_one_epoch(state, batches, epoch, counts):
         if batch_index % state.log_interval == 0 and state.rank == 0:
             lr = state.optimizer.param_groups[0]["lr"]
             log.info(
-                "epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g",
+                "epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g%s",
                 epoch,
                 batch_index,
                 loss_value,
                 acc,
                 grad_norm,
                 lr,
+                "" if state.phone_targets is None else f" phone_ctc {phone_loss:.4f}",
             )
             add_scalars(state.writer, "train", {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}, state.step)
     loss_sum, acc_sum, utts, seen = state.dist.sum([loss_sum, acc_sum, utts, seen])
@@ -533,7 +564,10 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         with torch.no_grad():
             model.global_cmvn.istd.fill_(1.0)  # WeKws without --norm_var: subtract the mean only
     model.to(device)
-    optimizer = make_optimizer(model, config.get("optim_conf"), args.config)
+    phones, trained = phone_supervision(tc, train_set), model
+    if phones:
+        trained = PhoneCTCModel(model, len(phones)).to(device)  # the head's init follows the seed too
+    optimizer = make_optimizer(trained, config.get("optim_conf"), args.config)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
     # Resume point: rank 0 chooses (only a checkpoint of this very run), every rank loads the same one.
@@ -544,7 +578,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     )
     del payload
     state = TrainState(
-        model=model,
+        model=trained,
         bare_model=model,
         optimizer=optimizer,
         criterion=criterion(tc["criterion"]),
@@ -559,10 +593,14 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         end_anchor=tc.get("end_anchor"),
         end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
         autocast_dtype=PRECISIONS[tc["precision"]],
+        phone_ctc=float(tc.get("phone_ctc") or 0.0),
+        phone_targets=phone_targets(train_set.items, phones, cropped_keys(train_set)) if phones else None,
     )
     if resume.path:
         p = resume.payload
         model.load_state_dict(p["model"])
+        if phones:
+            trained.phone_head.load_state_dict(p["phone_head"])
         if p.get("optimizer"):
             optimizer.load_state_dict(p["optimizer"])
         if p.get("scheduler"):
@@ -572,7 +610,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         log.info("resuming from %s: epoch %d of %d", resume.path, resume.start_epoch, max_epoch)
     if world_size > 1:
         state.model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+            trained, device_ids=[device.index] if device.type == "cuda" else None
         )
 
     tsv_path = model_dir / "train_log.tsv"
@@ -664,6 +702,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                     "seed": args.seed,
                     "world_size": world_size,
                     "fingerprint": fingerprint,
+                    **({"phones": phones, "phone_head": trained.phone_head.state_dict()} if phones else {}),
                 },
                 {
                     "cv_loss": cv_loss,

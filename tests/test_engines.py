@@ -19,7 +19,7 @@ from kws.errors import KwsError
 from kws.synth import augment as aug
 from kws.synth import engines
 from kws.synth.corpus import HELDOUT_SPLIT, SPLITS, CorpusSpec, plan_corpus, synthesize_corpus
-from kws.synth.phrases import PHONEME_NEIGHBOURS, VOWELS, _base, _normal, keyword_names, make_profile, token_of
+from kws.synth.phrases import PHONEME_NEIGHBOURS, VOWELS, _normal, base_phoneme, keyword_names, make_profile, token_of
 
 RATE = 16000
 ENGLISH = {"language": "en-us", "keywords": ["hey kws"]}
@@ -86,7 +86,7 @@ def test_phoneme_near_misses_never_change_only_a_reduced_vowel():
     made = {"reduced vowel": set(), "stressed vowel": set(), "consonant": set()}
     for w, word in enumerate(words):
         for p, phoneme in enumerate(word):
-            base = _base(phoneme)
+            base = base_phoneme(phoneme)
             kind = "consonant" if base not in VOWELS else "stressed vowel" if phoneme[0] == "'" else "reduced vowel"
             for other in PHONEME_NEIGHBOURS.get(base, "").split():
                 new = list(word)

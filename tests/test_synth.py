@@ -275,9 +275,10 @@ def test_default_plan_is_the_one_before_engines_and_phrases(monkeypatch):
     from kws.synth.corpus import make_chunks
 
     def draws(value):
-        """The plan without what is derived from its draws (a positive's `keyword_text`, from its text)."""
+        """The plan without what is derived from its draws (a positive's `keyword_text`, from its text, and
+        an utterance's `language`, of its text)."""
         if isinstance(value, dict):
-            return {k: draws(v) for k, v in value.items() if k != "keyword_text"}
+            return {k: draws(v) for k, v in value.items() if k not in ("keyword_text", "language")}
         return [draws(v) for v in value] if isinstance(value, list) else value
 
     def digest(value):

@@ -43,10 +43,14 @@ class KWSModel(nn.Module):
         return self.backbone.init_cache(batch_size, device=device, dtype=dtype)
 
     def forward(self, feats, cache: Optional[torch.Tensor] = None):
+        x, new_cache = self.hidden(feats, cache)
+        return self.classifier(x), new_cache
+
+    def hidden(self, feats, cache: Optional[torch.Tensor] = None):
+        """The backbone's output [B, T, H] (what the classifier reads) and the new cache."""
         x = self.global_cmvn(feats)
         x = self.preprocessing(x)
-        x, new_cache = self.backbone(x, cache)
-        return self.classifier(x), new_cache
+        return self.backbone(x, cache)
 
 
 def receptive_field(model):

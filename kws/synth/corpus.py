@@ -157,7 +157,8 @@ def _split_kinds(profile, shares, split_voices_):
 
 
 def _request(rng, profile, kind, split_voices_, text_only=False):
-    """One synthesis request. The draws of an eSpeak-only corpus are exactly those it always made."""
+    """One synthesis request and the language of its text (not part of the request: engines take a voice).
+    The draws of an eSpeak-only corpus are exactly those it always made."""
     from kws.synth.engines import speaks, voice_name
 
     lang, text = profile.text(rng, kind, text_only)
@@ -178,7 +179,7 @@ def _request(rng, profile, kind, split_voices_, text_only=False):
     }
     if engine != "espeak":
         request["engine"] = engine
-    return request
+    return request, lang
 
 
 def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
@@ -210,13 +211,15 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         rng.shuffle(kinds)
         items = []
         for index, kind in enumerate(kinds):
+            request, language = _request(rng, profile, kind, voices[split], text_only)
             item = {
                 "key": f"syn_{split}_{index:06d}_{kind}",
                 "split": split,
                 "kind": kind,
                 "token": profile.positive.get(kind, FILLER),
                 "seed": [seed, split_index, index],
-                "requests": [_request(rng, profile, kind, voices[split], text_only)],
+                "requests": [request],
+                "language": language,  # of its text: what its phonemes are read in (utt2phones)
             }
             if item["token"] != FILLER:  # where its keyword ends is known only when nothing follows it
                 item["keyword_text"] = spoken_keyword(profile, item["requests"][0]["text"])
@@ -238,7 +241,7 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
                         "seed": [seed, split_index, index],
                         "length": length,
                         "requests": [
-                            _request(rng, profile, rng.choices(stream_kinds, weights)[0], voices[split], text_only)
+                            _request(rng, profile, rng.choices(stream_kinds, weights)[0], voices[split], text_only)[0]
                             for _ in range(n_segments)
                         ],
                     }
@@ -277,7 +280,7 @@ def make_chunks(plan, seed, augment=True, spec=None):
         kinds = [k for k in profile.babble_kinds if k in _split_kinds(profile, {k: 1}, voices[split])]
         chunk["babble"] = (
             [
-                _request(rng, profile, rng.choice(kinds), voices[split], split == HELDOUT_SPLIT)
+                _request(rng, profile, rng.choice(kinds), voices[split], split == HELDOUT_SPLIT)[0]
                 for _ in range(BABBLE_SOURCES)
             ]
             if augment
@@ -436,6 +439,42 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
+def _mnemonics(text, inventory):
+    """eSpeak phoneme input (`[[h'eI k,eI]]`) split into base phonemes by longest match against the
+    inventory (eSpeak does not read its own input notation back through TextToPhonemes)."""
+    from kws.synth.phrases import base_phoneme
+
+    longest = max((len(p) for p in inventory), default=1)
+    phones = []
+    for word in text.replace("[[", " ").replace("]]", " ").split():
+        word, at = "".join(c for c in word if c not in "',"), 0
+        while at < len(word):
+            match = next((word[at : at + n] for n in range(longest, 0, -1) if word[at : at + n] in inventory), None)
+            if match is None:
+                at += 1  # a mark outside the inventory (length, syllable break): not a phoneme of its own
+                continue
+            phones.append(base_phoneme(match))
+            at += len(match)
+    return " ".join(phones)
+
+
+def utterance_phones(plan):
+    """{key: phonemes} of every utterance of the plan but the streams: eSpeak NG's reading of its text in
+    its language (kws.phones.phone_string), whatever engine said it; phoneme input by `_mnemonics`."""
+    from kws.phones import phone_string
+    from kws.synth.espeak import phonemize_batch
+
+    items = [item for items in plan.values() for item in items if item.get("language")]
+    plain = [item for item in items if "[[" not in item["requests"][0]["text"]]
+    words = phonemize_batch([(item["requests"][0]["text"], item["language"]) for item in plain])
+    phones = {item["key"]: phone_string(w) for item, w in zip(plain, words)}
+    inventory = {p for text in phones.values() for p in text.split()}
+    for item in items:
+        if item["key"] not in phones:
+            phones[item["key"]] = _mnemonics(item["requests"][0]["text"], inventory)
+    return phones
+
+
 def keyword_seconds(size="default", seed=666, split="test", augment=True):
     """Seconds of speech of the keyword in each positive utterance of `split`, as rendered.
 
@@ -514,6 +553,10 @@ def synthesize_corpus(
             for items in plan.values()
             for item in items
         }
+        phones = utterance_phones(plan)
+        for records in by_split.values():
+            for record in records:
+                record["phones"] = phones.get(record["key"])
         summary = _summary(by_split, skipped, voices, size, seed, augment, tokens, spec)
         with atomic_open(out / "synth_info.json") as handle:
             json.dump(summary, handle, indent=1, ensure_ascii=False, sort_keys=True)

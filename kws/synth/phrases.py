@@ -604,14 +604,14 @@ def spoken_keyword(profile, text):
     return text
 
 
-def _base(phoneme):
+def base_phoneme(phoneme):
     """A mnemonic without stress marks and tone digits (`'ai55` -> `ai`)."""
     return phoneme.lstrip(_STRESS).rstrip("0123456789")
 
 
 def _distance(a, b):
     """Edit distance between phoneme lists (compared by base phoneme)."""
-    a, b = [_base(p) for p in a], [_base(p) for p in b]
+    a, b = [base_phoneme(p) for p in a], [base_phoneme(p) for p in b]
     row = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
         prev, row[0] = row[0], i
@@ -687,7 +687,7 @@ class PhraseProfile:
         count = sum(len(us) for us in units)
         unit_ph = iter(phonemes[:count])
         lex_ph = dict(zip(self.lexicon, phonemes[count : count + len(self.lexicon)]))
-        self.inventory = {_base(p) for words in phonemes for word in words for p in word}
+        self.inventory = {base_phoneme(p) for words in phonemes for word in words for p in word}
         self._phrase_phonemes = phonemes[count + len(self.lexicon) + 1 :]
         confusables = set(hand_written)
         for phrase, us in zip(self.phrases, units):
@@ -781,7 +781,7 @@ class PhraseProfile:
             stress_marked = any(phoneme.startswith("'") for word in words for phoneme in word)
             for w, word in enumerate(words):
                 for p, phoneme in enumerate(word):
-                    base = _base(phoneme)
+                    base = base_phoneme(phoneme)
                     if stress_marked and base in VOWELS and not phoneme.startswith("'"):
                         continue
                     for other in PHONEME_NEIGHBOURS.get(base, "").split():

@@ -9,7 +9,7 @@ from kws.datalist import write_dictionary
 from kws.fileio import atomic_open
 
 # every list a split of the corpus may hold (wav.dur and data.list come from make_list)
-SPLIT_TABLES = ("wav.scp", "text", "wav.dur", "data.list", "utt2voice", "utt2kind", "utt2keyword_end")
+SPLIT_TABLES = ("wav.scp", "text", "wav.dur", "data.list", "utt2voice", "utt2kind", "utt2keyword_end", "utt2phones")
 
 
 def remove_tables(out, splits):
@@ -36,6 +36,9 @@ def write_tables(out, out_text, tokens, filler, by_split, kinds):
             handle.writelines(
                 f"{r['key']} {r['keyword_end']:.4f}\n" for r in records if r.get("keyword_end") is not None
             )
+        # what each utterance says, as phonemes: training_config.phone_ctc supervises with them
+        with atomic_open(out / split / "utt2phones") as handle:
+            handle.writelines(f"{r['key']} {r['phones']}\n" for r in records if r.get("phones"))
         with atomic_open(out / split / "text") as handle:
             handle.writelines(f"{r['key']} {r['token']}\n" for r in records)
         with atomic_open(out / split / "wav.scp") as handle:

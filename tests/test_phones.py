@@ -1,0 +1,194 @@
+"""Phoneme supervision (training_config.phone_ctc): the corpus's utt2phones, data.list's phones, the CTC
+loss and head beside the keyword loss, and what checkpoints, resume and DDP make of it."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
+from kws import checkpoint as ckpt
+from kws import trainer
+from kws.errors import KwsError
+from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_string, phone_targets, phone_vocabulary
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+# what the tiny corpus's utterances "say": keyword 0, keyword 1, filler (helpers_train.make_split)
+PHONES = {0: "h eI k eI", 1: "n i h Au", -1: "s @ m T I N"}
+
+
+def test_phone_string_keeps_phonemes_only():
+    """Stress marks, tone digits, eSpeak's language switches and bare length marks are not phonemes."""
+    words = [["X", "'ai55"], ["S;", "j", "'Au214"], ["(en)", "b", "'A:", ":"], ["k", "'A:", "(cmn)"]]
+    assert phone_string(words) == "X ai S; j Au b A: k A:"
+
+
+def test_phoneme_input_is_split_by_the_inventory():
+    from kws.synth.corpus import _mnemonics
+
+    inventory = {"h", "eI", "k", "E", "s", "@", "b", "L", "@L", "j", "u:", "d"}
+    assert _mnemonics("[[h'eI k,eId,@b@Lj,u:'Es]]", inventory) == "h eI k eI d @ b @L j u: E s"
+
+
+def test_the_default_corpus_plan_reads_every_utterance_but_streams():
+    """eSpeak's phonemes for every planned utterance's text; a keyword's phonemes start each positive."""
+    from kws.synth.corpus import plan_corpus, utterance_phones
+
+    plan, _ = plan_corpus("tiny", 666)
+    phones = utterance_phones(plan)
+    items = [item for items in plan.values() for item in items]
+    assert {i["key"] for i in items if i["kind"] != "stream"} == set(phones)
+    assert all(phones.values())
+    # in Hanzi or pinyin, with or without pauses and a command after it, a keyword reads the same
+    keywords = {"<HI_XIAOWEN>": "X ai S; j Au w u@ n", "<NIHAO_WENWEN>": "n i X Au w u@ n w u@ n"}
+    positives = [i for i in items if i["token"] in keywords]
+    assert positives and all(phones[i["key"]].startswith(keywords[i["token"]]) for i in positives)
+
+
+def test_utt2phones_reaches_data_list(tmp_path):
+    from conftest import write_tiny_corpus
+    from kws.datalist import read_data_list, write_data_list
+    from kws.lists import check_split
+
+    write_tiny_corpus(tmp_path)
+    split = tmp_path / "train"
+    keys = [line.split()[0] for line in (split / "wav.scp").read_text().splitlines()]
+    (split / "utt2phones").write_text(f"{keys[0]} h  eI k\n")
+    items = check_split(split, tmp_path / "dict" / "words.txt")
+    assert items[0]["phones"] == "h eI k" and all("phones" not in item for item in items[1:])
+    write_data_list(tmp_path / "data.list", items)
+    assert read_data_list(tmp_path / "data.list")[0]["phones"] == "h eI k"
+
+    (split / "utt2phones").write_text("nobody h eI\n")
+    with pytest.raises(KwsError, match=r"utt2phones:1: 'nobody' is not a key"):
+        check_split(split, tmp_path / "dict" / "words.txt")
+    bad = tmp_path / "bad.list"
+    bad.write_text(json.dumps({"key": "a", "txt": 0, "duration": 1.0, "wav": "a.wav", "phones": ["h"]}) + "\n")
+    with pytest.raises(KwsError, match=r"bad.list:1: phones must be a string"):
+        read_data_list(bad)
+
+
+def test_targets_skip_cropped_and_unknown():
+    items = [
+        {"key": "a", "phones": "h eI k"},
+        {"key": "b", "phones": "k eI"},
+        {"key": "c"},
+        {"key": "d", "phones": "x"},
+    ]
+    vocabulary = phone_vocabulary(items[:3])
+    assert vocabulary == ["eI", "h", "k"]
+    targets = phone_targets(items, vocabulary, skip={"b"})
+    assert set(targets) == {"a"} and targets["a"].tolist() == [2, 1, 3]
+
+
+def test_ctc_head_learns_and_a_batch_without_targets_still_reaches_it():
+    from kws.model import build_model
+
+    torch.manual_seed(0)
+    conf = {
+        "hidden_dim": 8,
+        "preprocessing": {"type": "linear"},
+        "backbone": {"type": "tcn", "ds": True, "num_layers": 2, "kernel_size": 3},
+    }
+    model = PhoneCTCModel(build_model(conf, 4, 1, None), 3)
+    feats = torch.randn(2, 30, 4)
+    model.eval()
+    logits, phone_logits = model(feats)
+    assert torch.equal(logits, model.model(feats)[0])  # the keyword output is the KWSModel's own
+    assert phone_logits.shape == (2, 30, 4)
+    model.train()
+    targets = {"a": torch.tensor([1, 2, 3]), "b": torch.tensor([3, 3])}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(30):
+        loss = phone_ctc_loss(model(feats)[1], [30, 20], ["a", "b"], targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    model.zero_grad()
+    none = phone_ctc_loss(model(feats)[1], [30, 20], ["x", "y"], targets)
+    none.backward()
+    assert none.item() == 0.0 and model.phone_head.weight.grad is not None
+
+
+@pytest.fixture(scope="module")
+def phone_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("phones")
+    corpus = make_corpus(root / "corpus", num_train=13, num_dev=5)
+    for split in ("train", "dev"):
+        path = Path(corpus[split])
+        items = [json.loads(line) for line in path.read_text().splitlines()]
+        (root / f"{split}.list").write_text(
+            "".join(json.dumps({**i, "phones": PHONES[i["txt"]]}) + "\n" for i in items)
+        )
+        corpus[split] = root / f"{split}.list"
+    config = write_config(root / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 3})
+    return root, corpus, config, make_corpus(root / "plain", num_train=13, num_dev=5)
+
+
+def train(corpus, config, model_dir, *extra):
+    return trainer.main(train_argv(corpus, config, model_dir, "--threads", "1", *extra))
+
+
+def test_phone_ctc_trains_a_plain_model_and_resumes_exactly(phone_corpus):
+    """The head trains beside the model and is checkpointed apart from it: load_model and averaging see
+    the plain KWSModel; a run resumed from epoch 1 ends bit-identical, head and all."""
+    root, corpus, config, _ = phone_corpus
+    on = ["--override", "training_config.phone_ctc=0.5"]
+    assert train(corpus, config, root / "off", "--max_epoch", "2") == 0
+    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
+    payload = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
+    assert payload["phones"] == ["@", "Au", "I", "N", "T", "eI", "h", "i", "k", "m", "n", "s"]
+    assert payload["phone_head"]["weight"].shape == (13, 12)
+    off = torch.load(root / "off" / "epoch_002.pt", weights_only=True)
+    assert payload["model"].keys() == off["model"].keys()
+    assert not all(torch.equal(payload["model"][k], off["model"][k]) for k in off["model"])  # it shaped the model
+    model, _ = ckpt.load_model(root / "on" / "epoch_002.pt")
+    assert model(torch.zeros(1, 20, 16))[0].shape == (1, 20, 2)
+
+    (root / "on" / "epoch_002.pt").rename(root / "full_002.pt")
+    for name in ("epoch_002.yaml", "final.yaml"):
+        (root / "on" / name).unlink()
+    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
+    again = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
+    full = torch.load(root / "full_002.pt", weights_only=True)
+    for part in ("model", "phone_head"):
+        assert all(torch.equal(again[part][k], full[part][k]) for k in full[part]), part
+
+
+def test_phone_ctc_without_phones_trains_as_before(phone_corpus, caplog):
+    """A list without phones (a real corpus): a warning, and the very model of a run without phone_ctc."""
+    root, _, config, plain = phone_corpus
+    assert train(plain, config, root / "plain_off", "--max_epoch", "1") == 0
+    assert train(plain, config, root / "plain_on", "--max_epoch", "1", "--override", "training_config.phone_ctc=1") == 0
+    assert "no utterance of the training list has `phones`" in caplog.text
+    on = torch.load(root / "plain_on" / "epoch_001.pt", weights_only=True)
+    off = torch.load(root / "plain_off" / "epoch_001.pt", weights_only=True)
+    assert "phone_head" not in on and all(torch.equal(on["model"][k], off["model"][k]) for k in off["model"])
+    with pytest.raises(KwsError, match="training_config.phone_ctc must be a weight"):
+        train(plain, config, root / "bad", "--override", "training_config.phone_ctc=-1")
+
+
+def test_phone_ctc_under_ddp_with_uneven_shards(phone_corpus):
+    """Two gloo processes, 4 and 3 batches: the rank without a batch still gives the head a gradient."""
+    root, corpus, _, _ = phone_corpus
+    config = write_config(
+        root / "ddp.yaml", {"dataset_conf.batch_conf.batch_size": 2, "training_config.phone_ctc": 0.5}
+    )
+    argv = train_argv(corpus, config, root / "ddp", "--threads", "2", "--max_epoch", "1", "--timeout", "120")
+    result = subprocess.run(
+        [*torchrun_argv(2), str(REPO / "scripts" / "train.py"), *argv, "--ddp.dist_backend", "gloo"],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    payload = torch.load(root / "ddp" / "epoch_001.pt", weights_only=True)
+    assert "phone_head" in payload and not any(k.startswith("module.") for k in payload["phone_head"])
