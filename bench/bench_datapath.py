@@ -41,6 +41,7 @@ def subset(src, dst, count, int_labels=False):
     items = [json.loads(line) for line in lines]
     for item in items:  # each side runs in its own checkout: wav paths made absolute
         item["wav"] = str(ROOT / item["wav"])
+        item.pop("phones", None)  # the keyword loss alone, like for like with WeKws (no phone_ctc head)
         if int_labels:
             item["txt"] = int(ids[item["txt"]])
     lines = [json.dumps(item) for item in items]
