@@ -22,15 +22,6 @@ from torch import nn
 BLANK = 0
 
 
-def phone_string(words):
-    """eSpeak's phonemes (a list of words, each a list of mnemonics, kws.synth.espeak.Engine.phonemize)
-    as the `phones` of data.list: space-separated, without stress marks and tone digits."""
-    from kws.synth.phrases import base_phoneme
-
-    phones = (base_phoneme(p) for word in words for p in word if not p.startswith("("))  # (en): a switch
-    return " ".join(p for p in phones if any(c.isalpha() or c == "@" for c in p))  # not a bare length mark
-
-
 def phone_vocabulary(items):
     """The sorted phonemes of the items' `phones` (the CTC classes after the blank), [] when none has any."""
     return sorted({p for item in items for p in (item.get("phones") or "").split()})

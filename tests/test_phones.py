@@ -13,7 +13,8 @@ from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
 from kws import checkpoint as ckpt
 from kws import trainer
 from kws.errors import KwsError
-from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_string, phone_targets, phone_vocabulary
+from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
+from kws.synth.phrases import phone_string
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

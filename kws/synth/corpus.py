@@ -460,9 +460,9 @@ def _mnemonics(text, inventory):
 
 def utterance_phones(plan):
     """{key: phonemes} of every utterance of the plan but the streams: eSpeak NG's reading of its text in
-    its language (kws.phones.phone_string), whatever engine said it; phoneme input by `_mnemonics`."""
-    from kws.phones import phone_string
+    its language (kws.synth.phrases.phone_string), whatever engine said it; phoneme input by `_mnemonics`."""
     from kws.synth.espeak import phonemize_batch
+    from kws.synth.phrases import phone_string
 
     items = [item for items in plan.values() for item in items if item.get("language")]
     plain = [item for item in items if "[[" not in item["requests"][0]["text"]]

@@ -609,6 +609,13 @@ def base_phoneme(phoneme):
     return phoneme.lstrip(_STRESS).rstrip("0123456789")
 
 
+def phone_string(words):
+    """eSpeak's phonemes (a list of words, each a list of mnemonics, kws.synth.espeak.Engine.phonemize)
+    as the `phones` of data.list (kws.phones): space-separated, without stress marks and tone digits."""
+    phones = (base_phoneme(p) for word in words for p in word if not p.startswith("("))  # (en): a switch
+    return " ".join(p for p in phones if any(c.isalpha() or c == "@" for c in p))  # not a bare length mark
+
+
 def _distance(a, b):
     """Edit distance between phoneme lists (compared by base phoneme)."""
     a, b = [base_phoneme(p) for p in a], [base_phoneme(p) for p in b]
