@@ -80,8 +80,6 @@ def _run_chain(row, args, status):
             "2",
             "--seed",
             row["seed"],
-            "--num_workers",
-            str(args.workers),
             "--min_duration",
             "50",
             "--threads",
@@ -178,7 +176,6 @@ def main():
     parser.add_argument("--results", required=True)
     parser.add_argument("--sweep", default=str(REPO / "bench/gpu_sweep.tsv"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per run")
     parser.add_argument("--deadline", type=float, default=330, help="seconds before unfinished runs are stopped")
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="", help="comma-separated run names")

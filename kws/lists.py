@@ -92,7 +92,7 @@ def check_split(data_dir, dict_path, threads=None, expected_rate=SAMPLE_RATE):
             item["kind"] = kinds[key][1]
         if key in ends:
             item["keyword_end"] = min(float(ends[key][1]), duration)
-        if key in phones and phones[key][1].strip():
+        if key in phones:
             item["phones"] = " ".join(phones[key][1].split())
         items.append(item)
     return items

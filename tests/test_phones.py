@@ -29,10 +29,10 @@ def test_phone_string_keeps_phonemes_only():
 
 
 def test_phoneme_input_is_split_by_the_inventory():
-    from kws.synth.corpus import _mnemonics
+    from kws.synth.phrases import phoneme_input_string
 
     inventory = {"h", "eI", "k", "E", "s", "@", "b", "L", "@L", "j", "u:", "d"}
-    assert _mnemonics("[[h'eI k,eId,@b@Lj,u:'Es]]", inventory) == "h eI k eI d @ b @L j u: E s"
+    assert phoneme_input_string("[[h'eI k,eId,@b@Lj,u:'Es]]", inventory) == "h eI k eI d @ b @L j u: E s"
 
 
 def test_the_default_corpus_plan_reads_every_utterance_but_streams():

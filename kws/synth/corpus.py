@@ -439,30 +439,12 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
-def _mnemonics(text, inventory):
-    """eSpeak phoneme input (`[[h'eI k,eI]]`) split into base phonemes by longest match against the
-    inventory (eSpeak does not read its own input notation back through TextToPhonemes)."""
-    from kws.synth.phrases import base_phoneme
-
-    longest = max((len(p) for p in inventory), default=1)
-    phones = []
-    for word in text.replace("[[", " ").replace("]]", " ").split():
-        word, at = "".join(c for c in word if c not in "',"), 0
-        while at < len(word):
-            match = next((word[at : at + n] for n in range(longest, 0, -1) if word[at : at + n] in inventory), None)
-            if match is None:
-                at += 1  # a mark outside the inventory (length, syllable break): not a phoneme of its own
-                continue
-            phones.append(base_phoneme(match))
-            at += len(match)
-    return " ".join(phones)
-
-
 def utterance_phones(plan):
     """{key: phonemes} of every utterance of the plan but the streams: eSpeak NG's reading of its text in
-    its language (kws.synth.phrases.phone_string), whatever engine said it; phoneme input by `_mnemonics`."""
+    its language (kws.synth.phrases.phone_string), whatever engine said it; phoneme input split against
+    the phonemes of the rest (kws.synth.phrases.phoneme_input_string)."""
     from kws.synth.espeak import phonemize_batch
-    from kws.synth.phrases import phone_string
+    from kws.synth.phrases import phone_string, phoneme_input_string
 
     items = [item for items in plan.values() for item in items if item.get("language")]
     plain = [item for item in items if "[[" not in item["requests"][0]["text"]]
@@ -471,7 +453,7 @@ def utterance_phones(plan):
     inventory = {p for text in phones.values() for p in text.split()}
     for item in items:
         if item["key"] not in phones:
-            phones[item["key"]] = _mnemonics(item["requests"][0]["text"], inventory)
+            phones[item["key"]] = phoneme_input_string(item["requests"][0]["text"], inventory)
     return phones
 
 

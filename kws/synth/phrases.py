@@ -616,6 +616,23 @@ def phone_string(words):
     return " ".join(p for p in phones if any(c.isalpha() or c == "@" for c in p))  # not a bare length mark
 
 
+def phoneme_input_string(text, inventory):
+    """eSpeak phoneme input (`[[h'eI k,eI]]`) as the `phones` of data.list, split into base phonemes by
+    longest match against `inventory` (eSpeak does not read its own input notation back)."""
+    longest = max((len(p) for p in inventory), default=1)
+    phones = []
+    for word in text.replace("[[", " ").replace("]]", " ").split():
+        word, at = "".join(c for c in word if c not in "',"), 0
+        while at < len(word):
+            match = next((word[at : at + n] for n in range(longest, 0, -1) if word[at : at + n] in inventory), None)
+            if match is None:
+                at += 1  # a mark outside the inventory (length, syllable break): not a phoneme of its own
+                continue
+            phones.append(base_phoneme(match))
+            at += len(match)
+    return " ".join(phones)
+
+
 def _distance(a, b):
     """Edit distance between phoneme lists (compared by base phoneme)."""
     a, b = [base_phoneme(p) for p in a], [base_phoneme(p) for p in b]
