@@ -159,6 +159,28 @@ def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None
     return loss, acc
 
 
+def prefix_negative_loss(logits, targets, prefix_end):
+    """The target keyword as a negative on the utterance's own prefixes (training_config.prefix_negatives).
+
+    A positive "你好问问" holds "你好问", a negative of its own: frames [0, prefix_end[b]) of each positive
+    (targets >= 0) are where only part of its keyword has been heard, so its keyword must not fire there.
+    Per such row, softplus(max_t z_t) over those frames (-log(1 - max_t p_t), as for a filler in
+    `max_pooling_loss`), summed and divided by the batch size; rows with prefix_end <= 0 and fillers add
+    nothing. logits [B, T, K], targets [B], prefix_end [B] (frames; clamped to T). Returns a scalar tensor.
+    """
+    batch, frames, _ = logits.shape
+    targets = torch.as_tensor(targets, device=logits.device).reshape(-1).long()
+    prefix_end = torch.as_tensor(prefix_end, device=logits.device).reshape(-1).long().clamp(max=frames)
+    rows = ((targets >= 0) & (prefix_end > 0)).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return logits.float().sum() * 0.0
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    target_logits = logits[rows, :, targets[rows]].to(dtype)  # [R, T]
+    outside = torch.arange(frames, device=logits.device).unsqueeze(0) >= prefix_end[rows].unsqueeze(1)
+    zmax = target_logits.masked_fill(outside, float("-inf")).amax(dim=1)
+    return F.softplus(zmax).sum() / max(batch, 1)
+
+
 CRITERIA = {"max_pooling": max_pooling_loss, "ce": cross_entropy_loss, "cross_entropy": cross_entropy_loss}
 
 

@@ -58,6 +58,7 @@ from kws.distributed import (
 from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
+from kws.loss import prefix_negative_loss
 from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
@@ -188,11 +189,12 @@ def resolve_config(args):
             f"{args.config}: training_config.precision must be one of fp32, bf16, auto, got {tc['precision']!r}"
         )
     tc["min_duration"] = args.min_duration
-    anchor = tc.get("end_anchor")
-    if anchor is not None and (isinstance(anchor, bool) or not isinstance(anchor, int) or anchor < 0):
-        raise KwsError(
-            f"{args.config}: training_config.end_anchor must be a number of frames >= 0 or null, got {anchor!r}"
-        )
+    for key in ("end_anchor", "prefix_negatives"):
+        frames = tc.get(key)
+        if frames is not None and (isinstance(frames, bool) or not isinstance(frames, int) or frames < 0):
+            raise KwsError(
+                f"{args.config}: training_config.{key} must be a number of frames >= 0 or null, got {frames!r}"
+            )
     weight = tc.get("phone_ctc")
     if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
         raise KwsError(f"{args.config}: training_config.phone_ctc must be a weight >= 0 or null, got {weight!r}")
@@ -308,6 +310,7 @@ class TrainState:
     writer: object = None
     end_anchor: int = None  # training_config.end_anchor
     end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
+    prefix_negatives: int = None  # training_config.prefix_negatives
     autocast_dtype: object = None  # PRECISIONS[training_config.precision]
     phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
     phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
@@ -325,6 +328,20 @@ def target_window(state, keys):
     starts = [max(floor, ends[key] - anchor) if key in ends else floor for key in keys]
     stops = [ends[key] + anchor + 1 if key in ends else 1 << 30 for key in keys]
     return torch.tensor(starts, device=state.device), torch.tensor(stops, device=state.device)
+
+
+def keyword_loss(state, logits, lengths, targets, keys):
+    """The keyword criterion within each positive's target window (target_window), plus, with
+    training_config.prefix_negatives M, the positive's keyword as a negative on its frames more than M
+    before the recorded keyword end (kws.loss.prefix_negative_loss): there only a prefix has been heard,
+    and a prefix (你好问 of 你好问问) is a negative of its own. Positives without a recorded end add no
+    such term. Returns (loss tensor, acc)."""
+    loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
+    if state.prefix_negatives is not None and state.end_frames:
+        margin = state.prefix_negatives
+        prefix_end = [state.end_frames[key] - margin if key in state.end_frames else 0 for key in keys]
+        loss = loss + prefix_negative_loss(logits, targets, prefix_end)
+    return loss, acc
 
 
 def cropped_keys(dataset):
@@ -380,7 +397,7 @@ def batch_backward(state, batch, active_ranks):
         with torch.autocast(state.device.type, dtype=state.autocast_dtype):
             logits, second = state.model(feats)
         logits = logits.float()  # the loss's sigmoid and logs in fp32
-    loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
+    loss, acc = keyword_loss(state, logits, lengths, targets, keys)
     total, phone_loss = loss, float("nan")
     if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
         ctc = phone_ctc_loss(second, lengths, keys, state.phone_targets)
@@ -451,7 +468,7 @@ def evaluate(state, batches):
         for keys, feats, lengths, targets in batches:
             feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
             logits, _ = model(feats)
-            loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
+            loss, acc = keyword_loss(state, logits, lengths, targets, keys)
             loss_sum += float(loss) * len(keys)
             acc_sum += acc * len(keys)
             utts += len(keys)
@@ -591,6 +608,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         log_interval=int(tc["log_interval"]),
         rank=rank,
         end_anchor=tc.get("end_anchor"),
+        prefix_negatives=tc.get("prefix_negatives"),
         end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
         autocast_dtype=PRECISIONS[tc["precision"]],
         phone_ctc=float(tc.get("phone_ctc") or 0.0),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kws.errors import KwsError
-from kws.loss import criterion, cross_entropy_loss, max_pooling_loss
+from kws.loss import criterion, cross_entropy_loss, max_pooling_loss, prefix_negative_loss
 
 torch.set_num_threads(1)
 
@@ -276,3 +276,23 @@ def test_many_keywords_is_fast():
     loss, _ = max_pooling_loss(logits, lengths, targets, min_duration=50)
     loss.backward()
     assert time.perf_counter() - start < 5.0
+
+
+def test_prefix_negative_loss_is_each_positives_keyword_as_a_negative_before_its_prefix_end():
+    """training_config.prefix_negatives: per positive with prefix_end > 0, -log(1 - max p) of its own
+    keyword over frames [0, prefix_end) (clamped to the batch's frames), summed over the batch and divided
+    by its size; fillers and positives without a prefix add nothing; the gradient reaches only the max."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 12, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([0, 2, -1, 1])
+    prefix_end = torch.tensor([5, 40, 6, 0])  # row 1 beyond the frames; row 2 a filler; row 3 no prefix
+    loss = prefix_negative_loss(logits, targets, prefix_end)
+    expected = sum(-torch.log1p(-torch.sigmoid(logits[b, :end, targets[b]]).max()) for b, end in ((0, 5), (1, 12))) / 4
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    loss.backward()
+    touched = logits.grad.nonzero().tolist()
+    assert [(b, k) for b, _, k in touched] == [(0, 0), (1, 2)]
+    assert touched[0][1] == int(logits[0, :5, 0].argmax()) and touched[1][1] == int(logits[1, :, 2].argmax())
+
+    none = prefix_negative_loss(logits, torch.tensor([-1, -1, 0, 1]), torch.tensor([5, 5, 0, -3]))
+    assert none.item() == 0.0 and none.requires_grad

@@ -419,6 +419,50 @@ def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch
         trainer.main([*argv, "--override", "training_config.end_anchor=-1"])
 
 
+def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_cv(setup, monkeypatch, tmp_path):
+    """training_config.prefix_negatives M: a positive with a keyword_end in the list is also a negative of
+    its own keyword on its frames more than M before that end, in the training and the CV loss alike; one
+    without an end adds nothing; the model differs from one trained without it; a bad M is refused."""
+    import json
+
+    _, corpus, config = setup
+    items = [json.loads(line) for line in Path(corpus["train"]).read_text().splitlines()]
+    ends = {}
+    for item in items:
+        if item["txt"] != -1 and len(ends) < 3:
+            item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.1, 4)
+    ended = tmp_path / "train.list"
+    ended.write_text("".join(json.dumps(item) + "\n" for item in items))
+    seen, batch_keys = {}, []
+    real_term, real_loss = trainer.prefix_negative_loss, trainer.keyword_loss
+
+    def recording_term(logits, targets, prefix_end):
+        seen.update(zip(batch_keys[-1], prefix_end))
+        return real_term(logits, targets, prefix_end)
+
+    def recording_loss(state, logits, lengths, targets, keys):
+        batch_keys.append(keys)
+        return real_loss(state, logits, lengths, targets, keys)
+
+    monkeypatch.setattr(trainer, "prefix_negative_loss", recording_term)
+    monkeypatch.setattr(trainer, "keyword_loss", recording_loss)
+    argv = train_argv({**corpus, "train": ended}, config, tmp_path / "plain", "--threads", "1", "--max_epoch", "1")
+    assert trainer.main(argv) == 0 and batch_keys and not seen  # off unless set
+    batch_keys.clear()
+    argv = train_argv({**corpus, "train": ended}, config, tmp_path / "prefix", "--threads", "1", "--max_epoch", "1")
+    assert trainer.main([*argv, "--override", "training_config.prefix_negatives=4"]) == 0
+    for key, end in ends.items():  # 25 ms window, 10 ms shift: the frame whose window reaches the end
+        assert seen[key] == -(-(round(end * 16000) - 400) // 160) - 4
+    assert all(seen[item["key"]] == 0 for item in items if item["key"] not in ends)
+    cv_keys = {json.loads(line)["key"] for line in Path(corpus["dev"]).read_text().splitlines()}
+    assert cv_keys <= set(seen)  # the CV loss has the term too
+    with pytest.raises(AssertionError):
+        assert_same_checkpoint(tmp_path / "plain" / "epoch_001.pt", tmp_path / "prefix" / "epoch_001.pt")
+
+    with pytest.raises(KwsError, match="training_config.prefix_negatives must be"):
+        trainer.main([*argv, "--override", "training_config.prefix_negatives=-2"])
+
+
 def test_bf16_precision_trains_reproducibly_with_fp32_state(setup, reference, tmp_path):
     """training_config.precision bf16: the forward runs under bf16 autocast, the model, Adam state and
     checkpoints stay fp32, the same seed gives the same checkpoint, and the result differs from fp32's."""
