@@ -34,8 +34,11 @@ def trainer_code_digest():
 
 
 def comparable_config(config):
-    """The parts of a config that must match to resume (max_epoch may grow; the cmvn path may move)."""
-    conf = apply_overrides(config, {"training_config.max_epoch": None})
+    """The parts of a config that must match to resume (max_epoch may grow, but not under the cosine
+    learning-rate schedule, which it shapes: epochs trained towards another end are another run; the cmvn
+    path may move)."""
+    cosine = (config.get("training_config") or {}).get("lr_schedule") == "cosine"
+    conf = apply_overrides(config, {} if cosine else {"training_config.max_epoch": None})
     conf.get("model", {}).get("cmvn", {}).pop("cmvn_file", None)
     return conf
 

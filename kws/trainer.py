@@ -74,6 +74,8 @@ DEFAULT_LOG_INTERVAL = 10
 # gradients, Adam state and the loss stay fp32; scoring and export run fp32.
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 SCHEDULER = {"mode": "min", "factor": 0.5, "patience": 3, "min_lr": 1e-6, "threshold": 0.01}
+LR_SCHEDULES = ("plateau", "cosine")  # training_config.lr_schedule: WeKws's ReduceLROnPlateau, or per step
+COSINE_FLOOR = 0.02  # the cosine schedule's last learning rate, as a fraction of optim_conf.lr
 
 
 # -- command line and config ----------------------------------------------------------------------
@@ -188,6 +190,12 @@ def resolve_config(args):
         raise KwsError(
             f"{args.config}: training_config.precision must be one of fp32, bf16, auto, got {tc['precision']!r}"
         )
+    tc.setdefault("lr_schedule", "plateau")
+    if tc["lr_schedule"] not in LR_SCHEDULES:
+        raise KwsError(
+            f"{args.config}: training_config.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, "
+            f"got {tc['lr_schedule']!r}"
+        )
     tc["min_duration"] = args.min_duration
     for key in ("end_anchor", "prefix_negatives"):
         frames = tc.get(key)
@@ -251,6 +259,14 @@ def make_optimizer(model, optim_conf, source):
         raise KwsError(f"{source}: optim_conf {optim_conf} is not valid for Adam ({err})") from None
 
 
+def cosine_lr(base_lr, progress):
+    """training_config.lr_schedule cosine: base_lr at progress 0 (the first step), down half a cosine to
+    COSINE_FLOOR x base_lr at 1 (the end of the last epoch). A function of the step's place in the run
+    alone, so a resumed run takes the very learning rates of an uninterrupted one."""
+    floor = COSINE_FLOOR * base_lr
+    return floor + (base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -311,6 +327,7 @@ class TrainState:
     end_anchor: int = None  # training_config.end_anchor
     end_frames: dict = None  # key -> frame where its keyword ends (kws.dataset.keyword_end_frames)
     prefix_negatives: int = None  # training_config.prefix_negatives
+    lr_at: object = None  # with lr_schedule cosine: epochs done (a float) -> learning rate; None: plateau
     autocast_dtype: object = None  # PRECISIONS[training_config.precision]
     phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
     phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
@@ -429,6 +446,10 @@ def train_one_epoch(state, batches, epoch, counts):
                 loss_sum, acc_sum, utts = loss_sum + loss_value * count, acc_sum + acc * count, utts + count
         else:
             idle_backward(state.model, state.input_dim, state.device)
+        if state.lr_at is not None:
+            lr = state.lr_at(epoch - 1 + (batch_index - 1) / max(counts))
+            for group in state.optimizer.param_groups:
+                group["lr"] = lr
         grad_norm, stepped = optimizer_step(state.model, state.optimizer, state.grad_clip)
         state.guard.update(stepped, f"epoch {epoch} batch {batch_index}")
         if stepped:
@@ -609,6 +630,11 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         rank=rank,
         end_anchor=tc.get("end_anchor"),
         prefix_negatives=tc.get("prefix_negatives"),
+        lr_at=(
+            (lambda done, base=optimizer.defaults["lr"]: cosine_lr(base, done / max_epoch))
+            if tc["lr_schedule"] == "cosine"
+            else None
+        ),
         end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
         autocast_dtype=PRECISIONS[tc["precision"]],
         phone_ctc=float(tc.get("phone_ctc") or 0.0),
@@ -680,14 +706,15 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
 
     for epoch in range(resume.start_epoch, max_epoch + 1):
         seed_everything(epoch_seed(args.seed, epoch, rank))
-        lr = optimizer.param_groups[0]["lr"]
+        lr = optimizer.param_groups[0]["lr"] if state.lr_at is None else state.lr_at(epoch - 1)
         started = time.monotonic()
         train_set.set_epoch(epoch)
         stats = train_one_epoch(state, featurize.batches(train_set, epoch), epoch, train_set.batch_counts())
         cv_loss, cv_acc, cv_utts = evaluate(state, featurize_cv.batches(cv_set, epoch))
         if cv_utts == 0:
             raise KwsError(f"{args.cv_data}: no utterance passed dataset_conf.filter_conf")
-        scheduler.step(cv_loss)
+        if state.lr_at is None:
+            scheduler.step(cv_loss)
         seconds = time.monotonic() - started
         if rank == 0:
             row = {

@@ -463,6 +463,47 @@ def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_
         trainer.main([*argv, "--override", "training_config.prefix_negatives=-2"])
 
 
+def test_cosine_lr_schedule_decays_every_step_and_resumes_exactly(setup, monkeypatch, tmp_path):
+    """training_config.lr_schedule cosine: every step's learning rate follows half a cosine from
+    optim_conf.lr to COSINE_FLOOR of it over the run, a resumed run takes the very same steps, a changed
+    max_epoch (which shapes the schedule) refuses to resume, and an unknown schedule is refused."""
+    assert trainer.cosine_lr(0.01, 0.0) == pytest.approx(0.01)
+    assert trainer.cosine_lr(0.01, 0.5) == pytest.approx(0.01 * (1 + trainer.COSINE_FLOOR) / 2)
+    assert trainer.cosine_lr(0.01, 1.0) == pytest.approx(0.01 * trainer.COSINE_FLOOR)
+    cosine = ("--override", "training_config.lr_schedule=cosine")
+    rates = []
+    real_step = trainer.optimizer_step
+
+    def recording_step(model, optimizer, grad_clip):
+        rates.append(optimizer.param_groups[0]["lr"])
+        return real_step(model, optimizer, grad_clip)
+
+    monkeypatch.setattr(trainer, "optimizer_step", recording_step)
+    reference = tmp_path / "reference"
+    assert run_inprocess(setup, reference, "--max_epoch", "3", *cosine) == 0
+    per_epoch = len(rates) // 3  # 13 utterances in batches of 3: 5 steps an epoch
+    assert len(rates) == 15 and per_epoch == 5
+    want = [trainer.cosine_lr(0.01, (step / per_epoch) / 3) for step in range(15)]
+    assert rates == pytest.approx(want) and rates == sorted(rates, reverse=True)
+    logged = [float(row.split("\t")[4]) for row in (reference / "train_log.tsv").read_text().splitlines()[1:]]
+    assert logged == pytest.approx([want[0], want[5], want[10]])
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(reference, resumed)
+    for name in ("final.yaml", "epoch_003.pt", "epoch_003.yaml"):
+        (resumed / name).unlink()
+    rates.clear()
+    assert run_inprocess(setup, resumed, "--max_epoch", "3", *cosine) == 0
+    assert rates == pytest.approx(want[10:])
+    assert_same_checkpoint(reference / "epoch_003.pt", resumed / "epoch_003.pt")
+
+    (resumed / "final.yaml").unlink()
+    with pytest.raises(KwsError, match="different run .*max_epoch"):
+        run_inprocess(setup, resumed, "--max_epoch", "4", *cosine)
+    with pytest.raises(KwsError, match="training_config.lr_schedule must be one of plateau, cosine"):
+        run_inprocess(setup, tmp_path / "bad", "--override", "training_config.lr_schedule=linear")
+
+
 def test_bf16_precision_trains_reproducibly_with_fp32_state(setup, reference, tmp_path):
     """training_config.precision bf16: the forward runs under bf16 autocast, the model, Adam state and
     checkpoints stay fp32, the same seed gives the same checkpoint, and the result differs from fp32's."""
