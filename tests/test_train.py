@@ -382,19 +382,31 @@ def test_a_lowered_max_epoch_keeps_only_its_epochs_in_the_records(setup, referen
     assert yaml.safe_load((model_dir / "final.yaml").read_text())["epochs"] == [1, 2]
 
 
-def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch, tmp_path):
-    """training_config.end_anchor N: a positive with a keyword_end in the list counts within N frames of
-    that end (never before min_duration); one without keeps min_duration to its end; a bad N is refused."""
+def list_with_keyword_ends(corpus, tmp_path):
+    """The training list with a keyword_end (0.1 s before its end) on its first three positives:
+    (path, items, {key: end in seconds})."""
     import json
 
-    _, corpus, config = setup
     items = [json.loads(line) for line in Path(corpus["train"]).read_text().splitlines()]
     ends = {}
     for item in items:
         if item["txt"] != -1 and len(ends) < 3:
             item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.1, 4)
-    anchored = tmp_path / "train.list"
-    anchored.write_text("".join(json.dumps(item) + "\n" for item in items))
+    path = tmp_path / "train.list"
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    return path, items, ends
+
+
+def end_frame(seconds):
+    """25 ms window, 10 ms shift: the first frame whose window reaches `seconds`."""
+    return -(-(round(seconds * 16000) - 400) // 160)
+
+
+def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch, tmp_path):
+    """training_config.end_anchor N: a positive with a keyword_end in the list counts within N frames of
+    that end (never before min_duration); one without keeps min_duration to its end; a bad N is refused."""
+    _, corpus, config = setup
+    anchored, items, ends = list_with_keyword_ends(corpus, tmp_path)
     seen = {}
     real_window = trainer.target_window
 
@@ -409,9 +421,8 @@ def test_end_anchor_counts_positives_around_their_keyword_end(setup, monkeypatch
         {**corpus, "train": anchored}, config, tmp_path / "anchored", "--threads", "1", "--max_epoch", "1"
     )
     assert trainer.main([*argv, "--override", "training_config.end_anchor=3"]) == 0
-    for key, end in ends.items():  # 25 ms window, 10 ms shift: the frame whose window reaches the end
-        frame = -(-(round(end * 16000) - 400) // 160)
-        assert seen[key] == (max(5, frame - 3), frame + 4)
+    for key, end in ends.items():
+        assert seen[key] == (max(5, end_frame(end) - 3), end_frame(end) + 4)
     assert ends and all(seen[item["key"]][0] == 5 for item in items if item["key"] not in ends)
     assert all(seen[item["key"]][1] > 10_000 for item in items if item["key"] not in ends)
 
@@ -426,13 +437,7 @@ def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_
     import json
 
     _, corpus, config = setup
-    items = [json.loads(line) for line in Path(corpus["train"]).read_text().splitlines()]
-    ends = {}
-    for item in items:
-        if item["txt"] != -1 and len(ends) < 3:
-            item["keyword_end"] = ends[item["key"]] = round(item["duration"] - 0.1, 4)
-    ended = tmp_path / "train.list"
-    ended.write_text("".join(json.dumps(item) + "\n" for item in items))
+    ended, items, ends = list_with_keyword_ends(corpus, tmp_path)
     seen, batch_keys = {}, []
     real_term, real_loss = trainer.prefix_negative_loss, trainer.keyword_loss
 
@@ -451,8 +456,8 @@ def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_
     batch_keys.clear()
     argv = train_argv({**corpus, "train": ended}, config, tmp_path / "prefix", "--threads", "1", "--max_epoch", "1")
     assert trainer.main([*argv, "--override", "training_config.prefix_negatives=4"]) == 0
-    for key, end in ends.items():  # 25 ms window, 10 ms shift: the frame whose window reaches the end
-        assert seen[key] == -(-(round(end * 16000) - 400) // 160) - 4
+    for key, end in ends.items():
+        assert seen[key] == end_frame(end) - 4
     assert all(seen[item["key"]] == 0 for item in items if item["key"] not in ends)
     cv_keys = {json.loads(line)["key"] for line in Path(corpus["dev"]).read_text().splitlines()}
     assert cv_keys <= set(seen)  # the CV loss has the term too
