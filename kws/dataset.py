@@ -20,7 +20,9 @@ Batching: `batch_conf.batch_type: static` (`batch_size` utterances) or `dynamic`
 `max_frames_in_batch` padded frames). `sort: true` (`sort_conf.sort_size`, WeKws's keys) sorts buffers
 of sort_size utterances by length before batching and hands their batches out in random order: far
 fewer padded frames (on the default corpus, batch 16: 2.29x the real frames without sorting, 1.11x
-with it), but where length goes with the class the batches become nearly one class each. WeKws's
+with it), but where length goes with the class the batches become nearly one class each; with
+`stratify: true` (kwsflow's) each class is sorted on its own and every batch takes the same length
+quantile of every class, so batches keep the buffer's class mix. WeKws's
 shuffle buffer (`shuffle_conf.shuffle_size`) then permutes each run of that many utterances of a rank's
 order, as kwsflow's loader did, so the batches are those of the wav-reading loader.
 
@@ -61,6 +63,7 @@ def cv_dataset_conf(train_conf):
     conf["shuffle"] = False
     conf["spec_aug"] = False
     conf["sort"] = False
+    conf.pop("stratify", None)
     conf["speed_perturb"] = False
     conf.pop("crop_negatives", None)  # whole utterances
     conf.pop("batch_augment", None)  # the utterances as they are
@@ -171,6 +174,9 @@ class KwsDataset:
         self.sort_size = int((self.conf.get("sort_conf") or {}).get("sort_size", DEFAULT_SORT_SIZE))
         if self.sort and self.sort_size < 1:
             raise KwsError(f"dataset_conf.sort_conf.sort_size must be >= 1, got {self.sort_size}")
+        # stratify (kwsflow's, with sort): plain sorting makes batches of one class where length goes
+        # with the class (short near-misses, long keyword + command utterances, 4 s filler crops).
+        self.stratify = bool(self.conf.get("stratify", False))
         batch_conf = self.conf.get("batch_conf") or {}
         self.batch_type = batch_conf.get("batch_type", "static")
         self.batch_size = int(batch_conf.get("batch_size", DEFAULT_BATCH_SIZE))
@@ -179,6 +185,8 @@ class KwsDataset:
             raise KwsError(f"dataset_conf.batch_conf.batch_type: expected static or dynamic, got {self.batch_type!r}")
         if self.batch_size < 1:
             raise KwsError(f"dataset_conf.batch_conf.batch_size must be >= 1, got {self.batch_size}")
+        if self.stratify and not (self.sort and self.batch_type == "static"):
+            raise KwsError("dataset_conf.stratify needs sort: true and batch_conf.batch_type: static")
         if self.conf.get("speed_perturb"):
             raise KwsError("dataset_conf.speed_perturb is not supported by kwsflow (augment the corpus instead)")
         self.seed = int(seed)
@@ -222,8 +230,11 @@ class KwsDataset:
         rng = _rng(self.seed, self.epoch, rank, _STREAM_SORT)
         batches = []
         for start in range(0, len(order), self.sort_size):
-            buffer = sorted(order[start : start + self.sort_size], key=lambda i: self.batch_frames[i])  # stable
-            sorted_batches = self._batched(buffer)
+            buffer = order[start : start + self.sort_size]
+            if self.stratify:
+                sorted_batches = self._stratified(buffer)
+            else:
+                sorted_batches = self._batched(sorted(buffer, key=lambda i: self.batch_frames[i]))  # stable
             batches += [
                 sorted_batches[j]
                 for j in (rng.permutation(len(sorted_batches)) if self.shuffle else range(len(sorted_batches)))
@@ -233,6 +244,13 @@ class KwsDataset:
     def batch_counts(self):
         """Batches each rank has this epoch: [count of rank 0, ..., count of rank W-1]."""
         return [len(self.plan(rank)) for rank in range(self.world_size)]
+
+    def padding(self, rank=None):
+        """Padded frames over real frames of this epoch's batches of `rank` (what sorting saves)."""
+        plan = self.plan(rank)
+        padded = sum(padded_length(max(self.batch_frames[i] for i in batch)) * len(batch) for batch in plan)
+        real = sum(int(self.batch_frames[i]) for batch in plan for i in batch)
+        return padded / real if real else float("nan")
 
     def _batched(self, indices):
         if self.batch_type == "static":
@@ -246,6 +264,18 @@ class KwsDataset:
             longest = new_longest
             batch.append(i)
         return batches + ([batch] if batch else [])
+
+    def _stratified(self, buffer):
+        """The buffer in batch_size batches of similar lengths that keep its class mix: each class (label)
+        sorted by length on its own, its item at rank j of m going to batch floor(j * n / m) of n, so
+        every batch holds the same length quantile of every class and about its share of each."""
+        count = -(-len(buffer) // self.batch_size)
+        batches = [[] for _ in range(count)]
+        for label in sorted(set(self.labels[i] for i in buffer)):
+            members = sorted((i for i in buffer if self.labels[i] == label), key=lambda i: self.batch_frames[i])
+            for rank, i in enumerate(members):
+                batches[rank * count // len(members)].append(i)
+        return [batch for batch in batches if batch]
 
     def crop_window(self, index):
         """(first sample, samples) of item `index` this epoch: a random window for a cropped filler

@@ -695,6 +695,12 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
             backend if world_size > 1 else "no DDP",
             threads,
         )
+        train_set.set_epoch(resume.start_epoch)
+        log.info(
+            "batches: %s a rank; padded frames %.2fx the real ones (dataset_conf.sort, stratify)",
+            "/".join(str(count) for count in train_set.batch_counts()),
+            train_set.padding(),
+        )
         frames = receptive_field(model)
         if frames is not None:
             shift_ms = float(train_set.fbank_conf.get("frame_shift", 10))

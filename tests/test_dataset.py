@@ -2,14 +2,17 @@
 batches featurised on the batch equal to per-utterance features."""
 
 import collections
+import json
 
+import numpy as np
 import pytest
 import soundfile
 import torch
 
 from helpers_train import TINY_CONFIG, make_split
-from kws.audio import read_wav
+from kws.audio import read_wav, write_wav
 from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, shard_order, spec_augment
+from kws.errors import KwsError
 from kws.features import compute_fbank
 
 
@@ -48,11 +51,11 @@ def test_shard_order_covers_every_item_once(world_size):
             assert max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize("sort", [False, True])
+@pytest.mark.parametrize("sort", [False, True, "stratify"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_every_utterance_exactly_once_across_ranks(train_list, world_size, sort):
     data_list, items = train_list
-    sorting = {"sort": True, "sort_conf": {"sort_size": 5}} if sort else {}
+    sorting = {"sort": True, "sort_conf": {"sort_size": 5}, "stratify": sort == "stratify"} if sort else {}
     batches = epoch_batches(data_list, conf(**sorting), world_size, epoch=1)
     keys = collections.Counter(key for rank in batches.values() for batch in rank for key in batch[0])
     assert keys == collections.Counter(item["key"] for item in items)
@@ -115,6 +118,62 @@ def test_sorting_batches_similar_lengths_in_random_order(train_list):
     assert [b[0] for b in batches] != [b[0] for b in padded_and_real(sorting, epoch=1)[2]]
     cv = cv_dataset_conf(sorting)
     assert cv["sort"] is False
+
+
+@pytest.fixture(scope="module")
+def length_gives_class_away(tmp_path_factory):
+    """30 utterances whose length gives their class away, as on the synthetic corpus: fillers long (1.0-1.4
+    s), keyword 0 short (0.3-0.5 s), keyword 1 in between (0.6-0.8 s); 10 of each, in mixed order."""
+    folder = tmp_path_factory.mktemp("lengths")
+    rng = np.random.default_rng(5)
+    items = []
+    for i in range(30):
+        label = (i % 3) - 1
+        low = {-1: 1.0, 0: 0.3, 1: 0.6}[label]
+        path = folder / f"u{i:02d}.wav"
+        write_wav(path, (0.1 * rng.standard_normal(int(16000 * rng.uniform(low, low + 0.4)))).astype(np.float32))
+        items.append({"key": f"u{i:02d}", "txt": label, "duration": 1.0, "wav": str(path)})
+    data_list = folder / "data.list"
+    data_list.write_text("".join(json.dumps(item) + "\n" for item in items))
+    return data_list
+
+
+def test_stratified_sorting_keeps_every_batch_mixed(length_gives_class_away):
+    """Plain sorting makes one-class batches where length gives the class away; stratify gives every batch
+    one utterance of each class at the same length quantile of its class."""
+    batching = {"sort_conf": {"sort_size": 30}, "batch_conf": {"batch_size": 3}}
+    plain = KwsDataset(length_gives_class_away, conf(sort=True, **batching), world_size=1)
+    mixed = KwsDataset(length_gives_class_away, conf(sort=True, stratify=True, **batching), world_size=1)
+
+    def classes(dataset):
+        return [sorted(dataset.labels[i] for i in batch) for batch in dataset.plan()]
+
+    assert sum(len(set(labels)) == 1 for labels in classes(plain)) >= 8  # nearly all one class
+    assert classes(mixed) == [[-1, 0, 1]] * 10
+    assert sorted(i for batch in mixed.plan() for i in batch) == list(range(30))
+
+    # each class's lengths rise with the batch's place in the sorted order: batch k holds every class's
+    # k-th shortest; the batches themselves come in random order
+    def total(batch):
+        return sum(mixed.frames[i] for i in batch)
+
+    by_rank = sorted(mixed.plan(), key=total)
+    for label in (-1, 0, 1):
+        frames = [mixed.frames[i] for batch in by_rank for i in batch if mixed.labels[i] == label]
+        assert frames == sorted(frames)
+    assert mixed.plan() != by_rank
+    assert 1 <= plain.padding() < mixed.padding()  # what the trainer logs
+    mixed.set_epoch(1)
+    assert classes(mixed) == [[-1, 0, 1]] * 10
+    assert "stratify" not in cv_dataset_conf(conf(sort=True, stratify=True))
+
+
+@pytest.mark.parametrize(
+    "changes", [{"stratify": True}, {"sort": True, "stratify": True, "batch_conf": {"batch_type": "dynamic"}}]
+)
+def test_stratify_needs_sorted_static_batches(length_gives_class_away, changes):
+    with pytest.raises(KwsError, match=r"dataset_conf.stratify needs sort: true and batch_conf.batch_type: static"):
+        KwsDataset(length_gives_class_away, conf(**changes), world_size=1)
 
 
 def test_cv_conf_is_plain_and_in_file_order(train_list):
