@@ -35,6 +35,14 @@ alarm in the whole filler set is already 1 / filler_hours FA/h; a target below t
 met with zero false alarms, and the metrics flag it (`zero_fa_only`). Zero false alarms bound the
 rate below 3.0 / filler_hours (95 %, one-sided): a lower target is not `resolved`.
 
+Ordinary negatives (`ordinary` in a keyword's metrics): the same operating points with FA/h counted over
+the negatives that are not confusables (data.list kinds `near_miss` and `partial`: the synthetic corpus's
+deliberate near-misses and partial keywords), and beside each point how many confusable utterances the
+threshold accepts (an utterance counts once, whatever its false alarms). A test set builds its
+confusables to be hard, at whatever share of its hours it chooses; counted as hours of everyday audio they
+would set the thresholds by that choice. This view counts them as a rate of their own. It is null when the
+test set has no confusables (the real corpora): there both views are the same.
+
 A keyword without positives in the test set is an error (its FRR is undefined), as is a test
 set without filler audio (FA/h undefined).
 """
@@ -53,6 +61,7 @@ from kws.keywords import keyword_slug
 from kws.tables import metrics_markdown, metrics_tsv
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
+CONFUSABLE_KINDS = ("near_miss", "partial")
 FA_FLOOR = 1e-6
 _MAX_BLOCK = 1 << 22  # thresholds x frames per look-up table chunk (int32: 16 MiB)
 
@@ -357,6 +366,88 @@ def summarize_keyword(
     }
 
 
+def summarize_ordinary(curve_all, positive_maxima, by_kind, confusable_maxima, fa_targets):
+    """The `ordinary` entry of a keyword: operating points with FA/h over the negatives that are not
+    confusables, each with the confusable utterances its threshold accepts; None without confusables.
+
+    curve_all: the keyword's full curve (its thresholds and false rejects are shared); by_kind: {kind:
+    (false alarms per threshold, seconds)}; confusable_maxima: each confusable utterance's maximum score.
+    """
+    if not len(confusable_maxima):
+        return None
+    ordinary = {kind: value for kind, value in by_kind.items() if kind not in CONFUSABLE_KINDS}
+    seconds = float(sum(s for _, s in ordinary.values()))
+    if seconds <= 0:
+        return None
+    t = np.asarray(curve_all["threshold"])
+    alarms = sum(counts for counts, _ in ordinary.values())
+    curve = {
+        "threshold": t,
+        "fa_per_hour": np.maximum(alarms, FA_FLOOR) / (seconds / 3600.0),
+        "frr": curve_all["frr"],
+        "false_alarms": alarms,
+        "false_rejects": curve_all["false_rejects"],
+    }
+    summary = summarize_keyword("", curve, len(positive_maxima), 0, seconds, fa_targets, ordinary)
+    for point in summary["operating_points"] + [summary["at_threshold_0.5"]]:
+        threshold = point.get("threshold")
+        point["confusables_accepted"] = None if threshold is None else _accepted(confusable_maxima, threshold)
+    return {
+        "excluded_kinds": list(CONFUSABLE_KINDS),
+        "filler_hours": summary["filler_hours"],
+        "fa_per_hour_resolved_from": summary["fa_per_hour_resolved_from"],
+        "num_confusables": len(confusable_maxima),
+        "operating_points": summary["operating_points"],
+        "at_threshold_0.5": summary["at_threshold_0.5"],
+    }
+
+
+def _accepted(maxima, threshold):
+    """How many of the utterances whose maximum scores are `maxima` a threshold accepts, with a 95 % interval."""
+    count = int(np.sum(np.asarray(maxima, dtype=np.float64) >= threshold))
+    total = len(maxima)
+    return {"count": count, "of": total, "rate": count / total, "ci95": list(binomial_interval(count, total))}
+
+
+def point_at_threshold(threshold, source, positive_maxima, negatives_by_kind, window_shift):
+    """The errors at one given threshold (a detector's, chosen on another test set): FRR and FA/h with
+    their counts and intervals, FA/h by kind, and the ordinary view's FA/h and confusables accepted.
+    negatives_by_kind: {kind: (score sequences, seconds)}."""
+    thresholds = np.array([threshold], dtype=np.float64)
+    by_kind = {
+        kind: (count_false_alarms_many(scores, thresholds, window_shift), seconds)
+        for kind, (scores, seconds) in negatives_by_kind.items()
+    }
+    seconds = float(sum(s for _, s in by_kind.values()))
+    alarms = sum(counts for counts, _ in by_kind.values())
+    misses = false_rejects(positive_maxima, thresholds)
+    curve = {"false_rejects": misses, "false_alarms": alarms}
+    point = {
+        "threshold": float(threshold),
+        "source": source,
+        "frr": float(misses[0]) / len(positive_maxima),
+        "fa_per_hour": float(alarms[0]) / (seconds / 3600.0),
+    }
+    _point_details(point, curve, 0, len(positive_maxima), seconds / 3600.0, by_kind)
+    ordinary = {kind: value for kind, value in by_kind.items() if kind not in CONFUSABLE_KINDS}
+    confusable = [
+        np.max(x) for kind, (scores, _) in negatives_by_kind.items() if kind in CONFUSABLE_KINDS for x in scores
+    ]
+    ordinary_seconds = float(sum(s for _, s in ordinary.values()))
+    if confusable and ordinary_seconds > 0:
+        count = int(sum(int(counts[0]) for counts, _ in ordinary.values()))
+        point["ordinary"] = {
+            "false_alarms": count,
+            "hours": ordinary_seconds / 3600.0,
+            "fa_per_hour": count / (ordinary_seconds / 3600.0),
+            "fa_per_hour_ci95": list(rate_interval(count, ordinary_seconds / 3600.0)),
+            "confusables_accepted": _accepted(confusable, threshold),
+        }
+    else:
+        point["ordinary"] = None
+    return point
+
+
 def negative_kind(item, index):
     """What a negative of keyword `index` is: `other_keyword` for another keyword's positive, else the
     data.list `kind` (the synthetic corpus's partial, near_miss, speech, ...), else `filler`."""
@@ -387,10 +478,13 @@ def compute_det(
     experiment=None,
     stats_dir=None,
     num_listed=10,
+    reference_thresholds=None,
 ):
     """Write metrics.{json,tsv,md} into `out_dir` and stats.<kw>.txt per keyword into `stats_dir`
     (default `<out_dir>/det`); return the metrics. `stats_file` in the metrics is relative to `out_dir`.
     num_listed: how many worst misses and top false alarms each keyword lists.
+    reference_thresholds: {token: (threshold, where it came from)}, e.g. the exported detector's, chosen on
+    another test set: each keyword's `at_reference_threshold` gives this test set's errors there.
     """
     from kws.fileio import atomic_open, ensure_dir
 
@@ -465,6 +559,23 @@ def compute_det(
             worst_misses=[_described(item, peak[item["key"]], "keyword") for item in worst],
             top_false_alarms=[_described(item, peak[item["key"]], kind) for item, kind in loudest[:num_listed]],
         )
+        summary["ordinary"] = summarize_ordinary(
+            curve,
+            [peak[item["key"]] for item in positives],
+            by_kind,
+            [peak[item["key"]] for item, kind in zip(fillers, kinds) if kind in CONFUSABLE_KINDS],
+            fa_targets,
+        )
+        if reference_thresholds is not None:
+            if token not in reference_thresholds:
+                raise KwsError(f"no reference threshold for keyword {token}")
+            negatives = {}
+            for item, kind in zip(fillers, kinds):
+                sequences, seconds = negatives.get(kind, ([], 0.0))
+                negatives[kind] = (sequences + [table[item["key"]]], seconds + float(item["duration"]))
+            summary["at_reference_threshold"] = point_at_threshold(
+                *reference_thresholds[token], [peak[item["key"]] for item in positives], negatives, window_shift
+            )
         summary["stats_file"] = os.path.relpath(stats_dir / stats_name(token), out_dir)
         if summary["name"] in keywords:
             raise KwsError(

@@ -19,7 +19,6 @@ PyTorch model's whole-utterance posteriors is a KwsError and nothing is written.
 
 import io
 import json
-import math
 import os
 from pathlib import Path
 
@@ -29,15 +28,13 @@ from torch import nn
 
 from kws.errors import KwsError
 from kws.features import fbank_conf_of, inference_fbank
-from kws.keywords import keyword_slug as slug
 from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
 from kws.runners import quiet_warnings as _quiet
+from kws.tables import DEFAULT_FA_TARGET, recommended_thresholds  # noqa: F401 (export's API)
 
 FORMAT = "kwsflow-streaming-kws"
 FORMAT_VERSION = 1
 OPSET = 17
-DEFAULT_THRESHOLD = 0.5
-DEFAULT_FA_TARGET = 1.0
 DEFAULT_CHUNKS = (1, 10, 37)  # frames per step in the chunked check
 SAMPLE_RATE = 16000
 
@@ -52,68 +49,6 @@ class StreamingWrapper(nn.Module):
     def forward(self, feats: torch.Tensor, cache: torch.Tensor):
         logits, new_cache = self.model(feats, cache)
         return torch.sigmoid(logits), new_cache
-
-
-# --------------------------------------------------------------------------- thresholds
-
-
-def _number(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def recommended_thresholds(metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD):
-    """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
-    `fa_target` FA/h. A missing or malformed file, a keyword it lacks, or a target it was not evaluated
-    at is a KwsError; only a target no threshold meets (n/a in metrics.md) takes `default`, and says so."""
-    from kws.tables import keyword_entries, load_metrics
-
-    if metrics_path is None:
-        return {kw: (default, "default (no metrics given)") for kw in keywords}
-    path = Path(metrics_path)
-    entries = {slug(entry["token"]): entry for entry in keyword_entries(load_metrics(path))}
-    result = {}
-    for kw in keywords:
-        entry = entries.get(slug(kw))
-        if entry is None:
-            raise KwsError(f"{path}: no entry for keyword {kw} (metrics of another test set or dictionary?)")
-        chosen = next(
-            (
-                p
-                for p in entry["operating_points"]
-                if isinstance(p, dict)
-                and _number(p.get("fa_per_hour_target")) is not None
-                and abs(float(p["fa_per_hour_target"]) - fa_target) < 1e-9
-            ),
-            None,
-        )
-        if chosen is None:
-            raise KwsError(
-                f"{path}: {kw} has no operating point at {fa_target:g} FA/h (add it to det.fa_targets "
-                f"or choose --fa-target from them)"
-            )
-        threshold = _number(chosen.get("threshold"))
-        if chosen.get("threshold") is None:
-            result[kw] = (default, f"default ({path.name}: no threshold reaches {fa_target:g} FA/h for {kw})")
-            continue
-        if threshold is None or not 0.0 <= threshold <= 1.0:
-            raise KwsError(
-                f"{path}: {kw}: threshold {chosen.get('threshold')!r} at {fa_target:g} FA/h is not a number in [0, 1]"
-            )
-        frr = _number(chosen.get("frr"))
-        fa = _number(chosen.get("fa_per_hour"))
-        detail = ", ".join(
-            x
-            for x in (f"FRR {frr:.4f}" if frr is not None else "", f"{fa:.3g} FA/h measured" if fa is not None else "")
-            if x
-        )
-        result[kw] = (
-            threshold,
-            f"{path.name}: operating point at {fa_target:g} FA/h" + (f" ({detail})" if detail else ""),
-        )
-    return result
 
 
 # --------------------------------------------------------------------------- metadata
@@ -392,6 +327,7 @@ def export_model(
     metrics=None,
     num_utts=8,
     fa_target=DEFAULT_FA_TARGET,
+    negatives="all",
     tolerance=1e-5,
     opset=OPSET,
     score=None,
@@ -415,7 +351,7 @@ def export_model(
     keywords = keyword_names(dictionary)
     if len(keywords) != model.num_keywords:
         raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
-    chosen = recommended_thresholds(metrics, keywords, fa_target)
+    chosen = recommended_thresholds(metrics, keywords, fa_target, negatives=negatives)
     meta = build_metadata(
         model, config, keywords, {k: v[0] for k, v in chosen.items()}, {k: v[1] for k, v in chosen.items()}
     )
@@ -426,6 +362,7 @@ def export_model(
         "metrics": os.fspath(metrics) if metrics else None,
         "test_data": os.fspath(test_data),
         "fa_per_hour_target": fa_target,
+        "fa_negatives": negatives,
     }
     deployed = None
     if score is not None:

@@ -8,9 +8,12 @@ marked (zero false alarms would not show the rate below it).
 """
 
 import json
+import math
 import statistics
+from pathlib import Path
 
 from kws.errors import KwsError
+from kws.keywords import keyword_slug
 
 TSV_COLUMNS = (
     "experiment",
@@ -30,6 +33,8 @@ TSV_COLUMNS = (
     "zero_fa_only",
     "resolved",
 )
+DEFAULT_THRESHOLD = 0.5  # a keyword whose metrics meet no target gets it (and says so)
+DEFAULT_FA_TARGET = 1.0  # the operating point whose thresholds a detector takes
 UNRESOLVED_NOTE = (
     "\u2020 not resolved: even zero false alarms in this many filler hours would not show the rate "
     "below the target (95 %, one-sided), so the test set cannot show that this threshold meets it."
@@ -120,6 +125,86 @@ def _keyword_rows(kw):
         ]
 
 
+def _accepted_cell(point):
+    accepted = point.get("confusables_accepted")
+    if not accepted:
+        return "n/a"
+    low, high = accepted["ci95"]
+    return f"{_pct(accepted['rate'])} ({100 * low:.1f}-{100 * high:.1f}) [{accepted['count']} / {accepted['of']}]"
+
+
+def _ordinary_table(metrics):
+    """Operating points with FA/h over the ordinary negatives (kws.det: no near-misses or partial keywords),
+    and the confusables each threshold accepts; [] when no keyword has confusables in its test set."""
+    entries = [kw for kw in keyword_entries(metrics) if kw.get("ordinary")]
+    if not entries:
+        return []
+    header = [
+        "Keyword",
+        "Operating point",
+        "FRR (95 % CI)",
+        "Misses",
+        "Threshold",
+        "FA/h on ordinary negatives (95 % CI)",
+        "Confusables accepted (95 % CI)",
+    ]
+    excluded = " and ".join(entries[0]["ordinary"]["excluded_kinds"])
+    lines = [
+        "## Operating points on ordinary negatives",
+        "",
+        f"FA/h counted without the confusables ({excluded}: made to be hard, at a share of the test set's "
+        "hours that is a choice, not a rate of everyday audio); beside each threshold, the share of "
+        "confusable utterances it accepts.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for kw in entries:
+        ordinary = kw["ordinary"]
+        points = [(f"{p['fa_per_hour_target']:g} FA/h", p) for p in ordinary["operating_points"]]
+        points.append(("t = 0.5", ordinary["at_threshold_0.5"]))
+        for label, point in points:
+            threshold = "" if point.get("threshold") is None else f"{point['threshold']:.2f}"
+            cells = [kw["token"], label, _frr_cell(point), _misses(point, kw["num_positives"]), threshold]
+            cells += [_fa_cell(point, ordinary["filler_hours"]), _accepted_cell(point)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reference_table(metrics):
+    """This test set's errors at thresholds chosen on another (kws.det `at_reference_threshold`)."""
+    entries = [kw for kw in keyword_entries(metrics) if kw.get("at_reference_threshold")]
+    if not entries:
+        return []
+    header = ["Keyword", "Threshold", "FRR (95 % CI)", "Misses", "FA/h (95 % CI) [false alarms in filler hours]"]
+    header += ["FA/h on ordinary negatives", "Confusables accepted (95 % CI)"]
+    lines = [
+        "## At the exported thresholds",
+        "",
+        f"Chosen on another test set ({entries[0]['at_reference_threshold']['source']}): what the exported "
+        "detector does on this one.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for kw in entries:
+        point = kw["at_reference_threshold"]
+        ordinary = point.get("ordinary")
+        cells = [kw["token"], f"{point['threshold']:.2f}", _frr_cell(point), _misses(point, kw["num_positives"])]
+        cells.append(_fa_cell(point, kw["filler_hours"]))
+        if ordinary:
+            low, high = ordinary["fa_per_hour_ci95"]
+            cells.append(
+                f"{ordinary['fa_per_hour']:.2f} ({low:.2f}-{high:.2f}) "
+                f"[{ordinary['false_alarms']} in {ordinary['hours']:.2f} h]"
+            )
+            cells.append(_accepted_cell({"confusables_accepted": ordinary["confusables_accepted"]}))
+        else:
+            cells += ["n/a", "n/a"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def _by_kind_table(kw):
     """False alarms by negative kind at each operating point's threshold."""
     points = [p for p in kw["operating_points"] if p.get("fa_per_hour_by_kind")]
@@ -177,6 +262,9 @@ def metrics_markdown(metrics, title=None):
         )
     if unresolved:
         lines += ["", UNRESOLVED_NOTE]
+    for table in (_ordinary_table(metrics), _reference_table(metrics)):
+        if table:
+            lines += [""] + table
     for kw in keyword_entries(metrics):
         table = _by_kind_table(kw)
         if table:
@@ -204,36 +292,33 @@ def _spread_cell(values):
     return f"{100 * statistics.median(values):.2f} % [{100 * min(values):.2f}-{100 * max(values):.2f}]{marked}"
 
 
-def compare_metrics(named, experiments=None):
-    """Compare runs: `named` is a list of (run, metrics.json path or dict) -> (markdown, tsv).
+def _all_points(kw):
+    return kw["operating_points"], kw["filler_hours"]
 
-    experiments: the experiment of each run (same order; default: each run its own). An experiment with
-    several runs (seeds) gets a row of the median FRR with [min-max] over them. The Markdown table has one
-    row per keyword and run; FA/h targets are the union over runs (a target a run was not evaluated at
-    shows `-`).
-    """
-    loaded = [(name, m if isinstance(m, dict) else load_metrics(m)) for name, m in named]
-    if not loaded:
-        raise KwsError("no experiments to compare")
-    experiments = list(experiments) if experiments else [name for name, _ in loaded]
-    if len(experiments) != len(loaded):
-        raise KwsError(f"{len(experiments)} experiment name(s) for {len(loaded)} run(s)")
-    targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
-    header = ["Keyword", "Run", "Positives", "Filler hours"] + [f"FRR @ {t:g} FA/h" for t in targets]
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+def _ordinary_points(kw):
+    ordinary = kw.get("ordinary")
+    return (ordinary["operating_points"], ordinary["filler_hours"]) if ordinary else None
+
+
+def _comparison_rows(loaded, experiments, targets, points_of):
+    """Rows of the comparison table (one per keyword and run, plus each experiment's median [min-max] over
+    its seeds) for the operating points and filler hours `points_of(keyword entry)` gives (None: the run
+    has no such points)."""
+    md = []
     tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
-    unresolved = False
     for token in tokens:
         runs_of = {}
         for (name, m), exp in zip(loaded, experiments):
             kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
-            if kw is None:
+            view = None if kw is None else points_of(kw)
+            if view is None:
                 continue
-            by_target = {float(p["fa_per_hour_target"]): p for p in kw["operating_points"]}
+            points, hours = view
+            by_target = {float(p["fa_per_hour_target"]): p for p in points}
             runs_of.setdefault(exp, []).append(by_target)
-            cells = [token, str(name), str(kw["num_positives"]), f"{kw['filler_hours']:.4g}"]
+            cells = [token, str(name), str(kw["num_positives"]), f"{hours:.4g}"]
             cells += [_frr_cell(by_target[t]) if t in by_target else "-" for t in targets]
-            unresolved |= not all(p.get("resolved", True) for p in kw["operating_points"])
             md.append("| " + " | ".join(cells) + " |")
         for exp, runs in runs_of.items():
             if len(runs) > 1:
@@ -243,10 +328,44 @@ def compare_metrics(named, experiments=None):
                     for t in targets
                 ]
                 md.append("| " + " | ".join(cells) + " |")
+    return md
+
+
+def compare_metrics(named, experiments=None):
+    """Compare runs: `named` is a list of (run, metrics.json path or dict) -> (markdown, tsv).
+
+    experiments: the experiment of each run (same order; default: each run its own). An experiment with
+    several runs (seeds) gets a row of the median FRR with [min-max] over them. The Markdown table has one
+    row per keyword and run; FA/h targets are the union over runs (a target a run was not evaluated at
+    shows `-`). When the runs' test sets have confusables (kws.det), a second table gives the operating
+    points on ordinary negatives.
+    """
+    loaded = [(name, m if isinstance(m, dict) else load_metrics(m)) for name, m in named]
+    if not loaded:
+        raise KwsError("no experiments to compare")
+    experiments = list(experiments) if experiments else [name for name, _ in loaded]
+    if len(experiments) != len(loaded):
+        raise KwsError(f"{len(experiments)} experiment name(s) for {len(loaded)} run(s)")
+    targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
+    header = ["Keyword", "Run", "Positives", "Filler hours"] + [f"FRR @ {t:g} FA/h" for t in targets]
+    table_head = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md = table_head + _comparison_rows(loaded, experiments, targets, _all_points)
+    unresolved = any(
+        not all(p.get("resolved", True) for p in kw["operating_points"]) for _, m in loaded for kw in keyword_entries(m)
+    )
     tsv = ["\t".join(TSV_COLUMNS)]
     for name, m in loaded:
         tsv += ["\t".join(row) for row in _tsv_rows(m, experiment=str(name))]
     md += ["", "FRR with its 95 % interval; n/a: no threshold meets the target."]
+    ordinary = _comparison_rows(loaded, experiments, targets, _ordinary_points)
+    if ordinary:
+        md += [
+            "",
+            "On ordinary negatives: FA/h without the near-misses and partial keywords (each run's metrics.md "
+            "gives the share of them its thresholds accept); the hours are the ordinary ones.",
+            "",
+        ]
+        md += table_head + ordinary
     if any("‡" in line for line in md):
         md += ["", NA_AS_ALL_NOTE]
     if unresolved:
@@ -281,3 +400,77 @@ def load_metrics(path):
         ):
             raise KwsError(f"{path}: a keyword entry without `token` and `operating_points`: {str(entry)[:80]}")
     return data
+
+
+# --------------------------------------------------------------------------- thresholds
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def recommended_thresholds(
+    metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD, negatives="all"
+):
+    """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
+    `fa_target` FA/h. A missing or malformed file, a keyword it lacks, or a target it was not evaluated
+    at is a KwsError; only a target no threshold meets (n/a in metrics.md) takes `default`, and says so.
+
+    negatives: `all` (FA/h over every negative, WeKws's) or `ordinary` (kws.det: without the near-misses
+    and partial keywords; a keyword whose test set has none takes its all-negatives point, the same)."""
+    if metrics_path is None:
+        return {kw: (default, "default (no metrics given)") for kw in keywords}
+    if negatives not in ("all", "ordinary"):
+        raise KwsError(f"negatives must be all or ordinary, got {negatives!r}")
+    path = Path(metrics_path)
+    entries = {keyword_slug(entry["token"]): entry for entry in keyword_entries(load_metrics(path))}
+    result = {}
+    for kw in keywords:
+        entry = entries.get(keyword_slug(kw))
+        if entry is None:
+            raise KwsError(f"{path}: no entry for keyword {kw} (metrics of another test set or dictionary?)")
+        ordinary = entry.get("ordinary") if negatives == "ordinary" else None
+        if ordinary is not None and not isinstance(ordinary.get("operating_points"), list):
+            raise KwsError(f"{path}: {kw}: `ordinary` without `operating_points`")
+        which = "on ordinary negatives " if ordinary else ""
+        chosen = next(
+            (
+                p
+                for p in (ordinary or entry)["operating_points"]
+                if isinstance(p, dict)
+                and _number(p.get("fa_per_hour_target")) is not None
+                and abs(float(p["fa_per_hour_target"]) - fa_target) < 1e-9
+            ),
+            None,
+        )
+        if chosen is None:
+            raise KwsError(
+                f"{path}: {kw} has no operating point at {fa_target:g} FA/h (add it to det.fa_targets "
+                f"or choose --fa-target from them)"
+            )
+        threshold = _number(chosen.get("threshold"))
+        if chosen.get("threshold") is None:
+            result[kw] = (
+                default,
+                f"default ({path.name}: no threshold reaches {fa_target:g} FA/h {which}for {kw})",
+            )
+            continue
+        if threshold is None or not 0.0 <= threshold <= 1.0:
+            raise KwsError(
+                f"{path}: {kw}: threshold {chosen.get('threshold')!r} at {fa_target:g} FA/h is not a number in [0, 1]"
+            )
+        frr = _number(chosen.get("frr"))
+        fa = _number(chosen.get("fa_per_hour"))
+        detail = ", ".join(
+            x
+            for x in (f"FRR {frr:.4f}" if frr is not None else "", f"{fa:.3g} FA/h measured" if fa is not None else "")
+            if x
+        )
+        result[kw] = (
+            threshold,
+            f"{path.name}: operating point at {fa_target:g} FA/h {which}".rstrip() + (f" ({detail})" if detail else ""),
+        )
+    return result

@@ -32,12 +32,41 @@ def parse_args(argv=None):
     parser.add_argument(
         "--stats-dir", default=None, help="folder for the per-keyword stats.<keyword>.txt (default: <out-dir>/det)"
     )
+    parser.add_argument(
+        "--reference-metrics",
+        default=None,
+        help="metrics.json of another test set (the one the export takes its thresholds from): this test "
+        "set's errors at those thresholds go into each keyword's at_reference_threshold",
+    )
+    parser.add_argument(
+        "--reference-fa-target",
+        type=float,
+        default=1.0,
+        help="the FA/h operating point of --reference-metrics whose thresholds are applied (default 1)",
+    )
+    parser.add_argument(
+        "--reference-negatives",
+        choices=("all", "ordinary"),
+        default="all",
+        help="which negatives that operating point's FA/h counts (as export_model.py --negatives)",
+    )
     return parser.parse_args(argv)
 
 
 @cli
 def main(argv=None):
     args = parse_args(argv)
+    reference = None
+    if args.reference_metrics:
+        from kws.datalist import keyword_names, read_dictionary
+        from kws.tables import recommended_thresholds
+
+        reference = recommended_thresholds(
+            args.reference_metrics,
+            keyword_names(read_dictionary(args.dict)),
+            args.reference_fa_target,
+            negatives=args.reference_negatives,
+        )
     metrics = compute_det(
         args.score,
         args.test_data,
@@ -48,6 +77,7 @@ def main(argv=None):
         fa_targets=args.fa_targets,
         experiment=args.experiment,
         stats_dir=args.stats_dir,
+        reference_thresholds=reference,
     )
     for kw in metrics["keywords"].values():
         parts = []

@@ -25,6 +25,13 @@ def parse_args(argv=None):
         default=DEFAULT_FA_TARGET,
         help=f"FA/h operating point whose threshold is recommended (default {DEFAULT_FA_TARGET:g})",
     )
+    parser.add_argument(
+        "--negatives",
+        choices=("all", "ordinary"),
+        default="all",
+        help="which negatives the FA/h of --fa-target counts: all (WeKws's) or ordinary (without the test "
+        "set's near-misses and partial keywords; metrics.md's second table)",
+    )
     parser.add_argument("--test-data", required=True, help="data.list whose utterances check the exports")
     parser.add_argument("--num-utts", type=int, default=8, help="utterances to check (default 8)")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="max abs posterior difference (default 1e-5)")
@@ -64,6 +71,7 @@ def main(argv=None):
         metrics=args.metrics,
         num_utts=args.num_utts,
         fa_target=args.fa_target,
+        negatives=args.negatives,
         tolerance=args.tolerance,
         opset=args.opset,
         score=args.score,

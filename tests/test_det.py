@@ -187,6 +187,56 @@ def test_hand_computed_case(tmp_path):
     assert "| near_miss | 0.250 |" in md and "| f1 | near_miss | v1 | 0.600 | 900.0 |" in md
 
 
+def test_ordinary_negatives_leave_the_confusables_out_of_fa_per_hour(tmp_path):
+    """The near-misses and partial keywords a test set makes on purpose are a rate of their own: the
+    ordinary view's FA/h counts the other negatives, and each threshold reports the confusables it accepts."""
+    _write_case(tmp_path)
+    metrics = compute_det(
+        tmp_path / "score.txt",
+        tmp_path / "data.list",
+        tmp_path / "words.txt",
+        tmp_path / "det",
+        window_shift=3,
+        fa_targets=[1, 2],
+    )
+    hi = metrics["keywords"]["hi_there"]
+    ordinary = hi["ordinary"]
+    # f1 (near_miss, 0.25 h) is left out: only f2 (0.5 h, max 0.9) counts
+    assert ordinary["filler_hours"] == pytest.approx(0.5) and ordinary["num_confusables"] == 1
+    assert ordinary["excluded_kinds"] == ["near_miss", "partial"]
+    points = {p["fa_per_hour_target"]: p for p in ordinary["operating_points"]}
+    # 2 FA/h: f2's one false alarm in 0.5 h is allowed at every threshold up to 0.9, so no positive need be
+    # missed: the middle of 0.00..0.40; f1 (max 0.6) is accepted there
+    assert points[2.0]["threshold"] == pytest.approx(0.20) and points[2.0]["frr"] == 0.0
+    assert points[2.0]["false_alarms"] == 1 and set(points[2.0]["fa_per_hour_by_kind"]) == {"other_keyword"}
+    assert points[2.0]["confusables_accepted"] == {
+        "count": 1,
+        "of": 1,
+        "rate": 1.0,
+        "ci95": pytest.approx(list(binomial_interval(1, 1))),
+    }
+    # with every negative counted, f1's two false alarms make 2 FA/h cost a positive
+    assert {p["fa_per_hour_target"]: p for p in hi["operating_points"]}[2.0]["frr"] == 0.5
+    # 1 FA/h needs zero false alarms: above 0.9, where f1 is rejected too
+    assert points[1.0]["threshold"] == pytest.approx(0.95) and points[1.0]["confusables_accepted"]["count"] == 0
+    md = (tmp_path / "det" / "metrics.md").read_text()
+    assert "## Operating points on ordinary negatives" in md
+    row = "| <HI_THERE> | 2 FA/h | 0.00 % (0.0-84.2) † | 0 / 2 | 0.20 | 2.00 (0.05-11.14) [1 in 0.50 h] | 100.00 %"
+    assert row in md
+    compared, _ = compare_metrics([("a", metrics)])
+    assert "On ordinary negatives" in compared and compared.count("| <HI_THERE> | a |") == 2
+
+    # a test set without confusables (the real corpora) has no second view
+    lines = (tmp_path / "data.list").read_text().replace('"kind": "near_miss", ', "")
+    (tmp_path / "data.list").write_text(lines)
+    plain = compute_det(
+        tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "plain", window_shift=3
+    )
+    assert plain["keywords"]["hi_there"]["ordinary"] is None
+    assert "ordinary negatives" not in (tmp_path / "plain" / "metrics.md").read_text()
+    assert "On ordinary negatives" not in compare_metrics([("a", plain)])[0]
+
+
 def test_intervals_match_published_values():
     # Clopper-Pearson and Garwood tables (e.g. Brown, Cai & DasGupta 2001; Garwood 1936)
     assert binomial_interval(0, 10) == pytest.approx((0.0, 0.30850), abs=1e-5)
@@ -316,3 +366,50 @@ def test_cli(tmp_path):
     assert "| <YO> | y |" in (tmp_path / "cmp.md").read_text()
     proc = subprocess.run(run[:-3] + ["--fa-targets", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and proc.stderr.startswith("error: ")
+
+    # a held-out split scored at the thresholds the export takes from another split's metrics
+    reference = run[: run.index("--out-dir")] + ["--out-dir", str(tmp_path / "engine")]
+    reference += ["--reference-metrics", str(tmp_path / "cli" / "metrics.json"), "--reference-fa-target", "2"]
+    for negatives in ("all", "ordinary"):
+        proc = subprocess.run(
+            reference + ["--reference-negatives", negatives], capture_output=True, text=True, cwd=ROOT
+        )
+        assert proc.returncode == 0, proc.stderr
+        point = json.loads((tmp_path / "engine" / "metrics.json").read_text())["keywords"]["hi_there"]
+        point = point["at_reference_threshold"]
+        assert point["threshold"] == pytest.approx({"all": 0.65, "ordinary": 0.20}[negatives])
+        assert "operating point at 2 FA/h" in point["source"]
+    assert "## At the exported thresholds" in (tmp_path / "engine" / "metrics.md").read_text()
+    proc = subprocess.run(reference[:-1] + ["7"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and "no operating point at 7 FA/h" in proc.stderr
+
+
+def test_errors_at_a_threshold_chosen_elsewhere(tmp_path):
+    """What a deployed detector does on a held-out split: its errors at the given thresholds, with the
+    ordinary view beside them."""
+    _write_case(tmp_path)
+    metrics = compute_det(
+        tmp_path / "score.txt",
+        tmp_path / "data.list",
+        tmp_path / "words.txt",
+        tmp_path / "det",
+        window_shift=3,
+        reference_thresholds={"<HI_THERE>": (0.65, "elsewhere"), "<YO>": (0.5, "elsewhere")},
+    )
+    point = metrics["keywords"]["hi_there"]["at_reference_threshold"]
+    # p1 (max 0.7) found, p2 (0.4) missed; f2 (0.9) fires once in 0.75 h, f1 (near_miss, 0.6) does not
+    assert point["threshold"] == 0.65 and point["source"] == "elsewhere"
+    assert point["false_rejects"] == 1 and point["frr"] == 0.5 and point["false_alarms"] == 1
+    assert point["fa_per_hour"] == pytest.approx(1 / 0.75)
+    assert point["ordinary"]["fa_per_hour"] == pytest.approx(2.0) and point["ordinary"]["false_alarms"] == 1
+    assert point["ordinary"]["confusables_accepted"]["count"] == 0
+    md = (tmp_path / "det" / "metrics.md").read_text()
+    assert "| <HI_THERE> | 0.65 | 50.00 % (1.3-98.7) | 1 / 2 |" in md
+    with pytest.raises(KwsError, match="no reference threshold for keyword <YO>"):
+        compute_det(
+            tmp_path / "score.txt",
+            tmp_path / "data.list",
+            tmp_path / "words.txt",
+            tmp_path / "other",
+            reference_thresholds={"<HI_THERE>": (0.65, "elsewhere")},
+        )

@@ -321,6 +321,27 @@ def test_recommended_thresholds_come_from_the_metrics_or_fail(export_dir, tmp_pa
         recommended_thresholds(root / "metrics.json", KEYWORDS, fa_target=2.0)
 
 
+def test_recommended_thresholds_on_ordinary_negatives(export_dir, tmp_path):
+    """negatives=ordinary takes the point of kws.det's `ordinary` view, where the test set has one, and
+    the all-negatives point where it has no confusables."""
+    root, _ = export_dir
+    metrics = json.loads((root / "metrics.json").read_text())
+    hi = metrics["keywords"]["hi_xiaowen"]
+    ordinary_point = {**hi["operating_points"][1], "threshold": 0.41, "frr": 0.02, "fa_per_hour": 0.8}
+    hi["ordinary"] = {"operating_points": [ordinary_point]}
+    metrics["keywords"]["nihao_wenwen"]["ordinary"] = None
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    result = recommended_thresholds(tmp_path / "metrics.json", KEYWORDS, negatives="ordinary")
+    assert result["<HI_XIAOWEN>"] == (
+        0.41,
+        "metrics.json: operating point at 1 FA/h on ordinary negatives (FRR 0.0200, 0.8 FA/h measured)",
+    )
+    assert result["<NIHAO_WENWEN>"][0] == 0.5  # no confusables: its all-negatives point (none reaches 1 FA/h)
+    assert recommended_thresholds(tmp_path / "metrics.json", KEYWORDS)["<HI_XIAOWEN>"][0] == 0.63
+    with pytest.raises(KwsError, match="negatives must be all or ordinary"):
+        recommended_thresholds(tmp_path / "metrics.json", KEYWORDS, negatives="some")
+
+
 def test_recommended_thresholds_bad_file(tmp_path):
     assert recommended_thresholds(None, KEYWORDS)["<HI_XIAOWEN>"][0] == 0.5
     with pytest.raises(KwsError, match="not found"):

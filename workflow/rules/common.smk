@@ -292,12 +292,28 @@ def det_args():
     return f"--step {d['step']:g} --window-shift {d['window_shift']} --fa-targets {targets}"
 
 
-def export_args():
-    """The export's thresholds: the operating point at 1 FA/h, or at the first target when 1 is not listed."""
+def export_target():
+    """The export's thresholds: the operating point at 1 FA/h (or at the first target when 1 is not listed)
+    on the negatives det.export_negatives names."""
     d = config["det"]
     targets = [float(x) for x in d["fa_targets"]]
-    target = 1.0 if 1.0 in targets else targets[0]
-    return f"--fa-target {target:g} --window-shift {d['window_shift']}"
+    return 1.0 if 1.0 in targets else targets[0], d["export_negatives"]
+
+
+def export_args():
+    target, negatives = export_target()
+    return f"--fa-target {target:g} --negatives {negatives} --window-shift {config['det']['window_shift']}"
+
+
+def reference_args(reference_metrics):
+    """compute_det's arguments that score a held-out split at the export's thresholds (none for test)."""
+    if not reference_metrics:
+        return ""
+    target, negatives = export_target()
+    return (
+        f"--reference-metrics {reference_metrics} --reference-fa-target {target:g}"
+        f" --reference-negatives {negatives}"
+    )
 
 
 def synth_args():

@@ -66,6 +66,8 @@ for evalset in EVAL_SPLITS:
             words=f"{DATA}/dict/words.txt",
             script=script("compute_det.py"),
             code=code_of("compute_det.py"),
+            # a held-out split is also scored at the thresholds the export takes from test's metrics
+            reference=[] if evalset == "test" else f"{OUT}/{{exp}}/metrics.json",
         output:
             metrics=report(
                 f"{eval_dir(evalset)}/metrics.json",
@@ -95,9 +97,10 @@ for evalset in EVAL_SPLITS:
         params:
             out_dir=lambda wildcards, output: Path(output.metrics).parent,
             args=det_args(),
+            reference=lambda wildcards, input: reference_args(input.reference),
         shell:
             "python {input.script} --score {input.score} --test-data {input.test} --dict {input.words}"
-            " {params.args} --out-dir {params.out_dir} > {log} 2>&1"
+            " {params.args} {params.reference} --out-dir {params.out_dir} > {log} 2>&1"
 
     rule:
         name:
