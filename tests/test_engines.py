@@ -361,12 +361,12 @@ def test_mandarin_hanzi_only_engine_can_be_held_out():
     assert any(re.search(r"[a-z][1-5]\b", text) for text in train)
 
 
-def _dry_run(tmp_path, configfile, jobs, count=r"[12]"):
+def _dry_run(tmp_path, configfile, jobs, count=r"[12]", *extra):
     """The dry run of a shipped config in a fresh work folder: its stdout, each of `jobs` planned."""
     from workflow_utils import REPO, make_workdir, snakemake
 
     root = make_workdir(tmp_path / "w")
-    run = snakemake(root, "-n", "--configfile", str(REPO / "config" / configfile), timeout=120)
+    run = snakemake(root, "-n", *extra, "--configfile", str(REPO / "config" / configfile), timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     for job in jobs:
         assert re.search(rf"^{job}\s+{count}$", run.stdout, re.M), job
@@ -375,8 +375,15 @@ def _dry_run(tmp_path, configfile, jobs, count=r"[12]"):
 
 def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
     _need("mbrola")
-    _, out = _dry_run(tmp_path, "heldout_mbrola.yaml", ("score", "score_test_engine", "compute_det_test_engine"), "1")
+    jobs = ("score", "score_test_engine", "compute_det_test_engine")
+    _, out = _dry_run(tmp_path, "heldout_mbrola.yaml", jobs, "1", "-p")
     assert "test_engine/metrics.json" in out and "synthetic/test_engine/data.list" in out
+    # the held-out method is also scored at the thresholds the export takes from test's metrics
+    det = next(
+        line for line in out.splitlines() if "python scripts/compute_det.py --score results/tiny/test_engine" in line
+    )
+    assert "--reference-metrics results/tiny/metrics.json --reference-fa-target 1" in det
+    assert "--reference-negatives all" in det and "--negatives all" in out
 
 
 def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
