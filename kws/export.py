@@ -327,7 +327,7 @@ def export_model(
     metrics=None,
     num_utts=8,
     fa_target=DEFAULT_FA_TARGET,
-    negatives="all",
+    negatives="ordinary",
     tolerance=1e-5,
     opset=OPSET,
     score=None,

@@ -413,7 +413,7 @@ def _number(value):
 
 
 def recommended_thresholds(
-    metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD, negatives="all"
+    metrics_path, keywords, fa_target=DEFAULT_FA_TARGET, default=DEFAULT_THRESHOLD, negatives="ordinary"
 ):
     """Per keyword token: (threshold, where it came from), from metrics.json's operating point at
     `fa_target` FA/h. A missing or malformed file, a keyword it lacks, or a target it was not evaluated

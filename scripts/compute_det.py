@@ -47,7 +47,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--reference-negatives",
         choices=("all", "ordinary"),
-        default="all",
+        default="ordinary",
         help="which negatives that operating point's FA/h counts (as export_model.py --negatives)",
     )
     return parser.parse_args(argv)

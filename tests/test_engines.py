@@ -383,7 +383,7 @@ def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
         line for line in out.splitlines() if "python scripts/compute_det.py --score results/tiny/test_engine" in line
     )
     assert "--reference-metrics results/tiny/metrics.json --reference-fa-target 1" in det
-    assert "--reference-negatives all" in det and "--negatives all" in out
+    assert "--reference-negatives ordinary" in det and "--negatives ordinary" in out
 
 
 def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):

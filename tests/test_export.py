@@ -337,7 +337,7 @@ def test_recommended_thresholds_on_ordinary_negatives(export_dir, tmp_path):
         "metrics.json: operating point at 1 FA/h on ordinary negatives (FRR 0.0200, 0.8 FA/h measured)",
     )
     assert result["<NIHAO_WENWEN>"][0] == 0.5  # no confusables: its all-negatives point (none reaches 1 FA/h)
-    assert recommended_thresholds(tmp_path / "metrics.json", KEYWORDS)["<HI_XIAOWEN>"][0] == 0.63
+    assert recommended_thresholds(tmp_path / "metrics.json", KEYWORDS, negatives="all")["<HI_XIAOWEN>"][0] == 0.63
     with pytest.raises(KwsError, match="negatives must be all or ordinary"):
         recommended_thresholds(tmp_path / "metrics.json", KEYWORDS, negatives="some")
 
