@@ -61,12 +61,18 @@ def main(argv=None):
         from kws.datalist import keyword_names, read_dictionary
         from kws.tables import recommended_thresholds
 
-        reference = recommended_thresholds(
+        chosen = recommended_thresholds(
             args.reference_metrics,
             keyword_names(read_dictionary(args.dict)),
             args.reference_fa_target,
             negatives=args.reference_negatives,
         )
+        where = f"{args.reference_metrics} at {args.reference_fa_target:g} FA/h ({args.reference_negatives} negatives)"
+        # the chosen point's own FRR and FA/h belong to the other test set: name only where it came from
+        reference = {
+            token: (threshold, source if source.startswith("default") else where)
+            for token, (threshold, source) in chosen.items()
+        }
     metrics = compute_det(
         args.score,
         args.test_data,

@@ -378,7 +378,7 @@ def test_cli(tmp_path):
         point = json.loads((tmp_path / "engine" / "metrics.json").read_text())["keywords"]["hi_there"]
         point = point["at_reference_threshold"]
         assert point["threshold"] == pytest.approx({"all": 0.65, "ordinary": 0.20}[negatives])
-        assert "operating point at 2 FA/h" in point["source"]
+        assert point["source"] == f"{tmp_path / 'cli' / 'metrics.json'} at 2 FA/h ({negatives} negatives)"
     assert "## At the exported thresholds" in (tmp_path / "engine" / "metrics.md").read_text()
     proc = subprocess.run(reference[:-1] + ["7"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1 and "no operating point at 7 FA/h" in proc.stderr
