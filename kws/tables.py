@@ -33,6 +33,7 @@ TSV_COLUMNS = (
     "zero_fa_only",
     "resolved",
 )
+POINT_COLUMNS = ("Keyword", "Operating point", "FRR (95 % CI)", "Misses", "Threshold")  # metrics.md's tables
 DEFAULT_THRESHOLD = 0.5  # a keyword whose metrics meet no target gets it (and says so)
 DEFAULT_FA_TARGET = 1.0  # the operating point whose thresholds a detector takes
 UNRESOLVED_NOTE = (
@@ -133,32 +134,26 @@ def _accepted_cell(point):
     return f"{_pct(accepted['rate'])} ({100 * low:.1f}-{100 * high:.1f}) [{accepted['count']} / {accepted['of']}]"
 
 
+def _section_head(title, note, header):
+    """A metrics.md section's title, its one-paragraph note and its table's header rows."""
+    return [f"## {title}", "", note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
 def _ordinary_table(metrics):
     """Operating points with FA/h over the ordinary negatives (kws.det: no near-misses or partial keywords),
     and the confusables each threshold accepts; [] when no keyword has confusables in its test set."""
     entries = [kw for kw in keyword_entries(metrics) if kw.get("ordinary")]
     if not entries:
         return []
-    header = [
-        "Keyword",
-        "Operating point",
-        "FRR (95 % CI)",
-        "Misses",
-        "Threshold",
-        "FA/h on ordinary negatives (95 % CI)",
-        "Confusables accepted (95 % CI)",
-    ]
+    header = [*POINT_COLUMNS, "FA/h on ordinary negatives (95 % CI)", "Confusables accepted (95 % CI)"]
     excluded = " and ".join(entries[0]["ordinary"]["excluded_kinds"])
-    lines = [
-        "## Operating points on ordinary negatives",
-        "",
+    lines = _section_head(
+        "Operating points on ordinary negatives",
         f"FA/h counted without the confusables ({excluded}: made to be hard, at a share of the test set's "
         "hours that is a choice, not a rate of everyday audio); beside each threshold, the share of "
         "confusable utterances it accepts.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+        header,
+    )
     for kw in entries:
         ordinary = kw["ordinary"]
         points = [(f"{p['fa_per_hour_target']:g} FA/h", p) for p in ordinary["operating_points"]]
@@ -178,15 +173,12 @@ def _reference_table(metrics):
         return []
     header = ["Keyword", "Threshold", "FRR (95 % CI)", "Misses", "FA/h (95 % CI) [false alarms in filler hours]"]
     header += ["FA/h on ordinary negatives", "Confusables accepted (95 % CI)", "Chosen at"]
-    lines = [
-        "## At the exported thresholds",
-        "",
+    lines = _section_head(
+        "At the exported thresholds",
         "Thresholds chosen on another test set, as the export chooses them: what the exported detector does "
         "on this one.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+        header,
+    )
     for kw in entries:
         point = kw["at_reference_threshold"]
         ordinary = point.get("ordinary")
@@ -237,14 +229,7 @@ def metrics_markdown(metrics, title=None):
     """metrics.md: per keyword its operating points with intervals and counts, false alarms by kind, the
     worst misses and the top false alarms."""
     heading = title or (f"Metrics: {metrics['experiment']}" if metrics.get("experiment") else "Metrics")
-    header = [
-        "Keyword",
-        "Operating point",
-        "FRR (95 % CI)",
-        "Misses",
-        "Threshold",
-        "FA/h (95 % CI) [false alarms in filler hours]",
-    ]
+    header = [*POINT_COLUMNS, "FA/h (95 % CI) [false alarms in filler hours]"]
     lines = [f"# {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     unresolved = False
     for kw in keyword_entries(metrics):

@@ -91,6 +91,18 @@ def _write_case(tmp_path):
     (tmp_path / "score.txt").write_text("\n".join(lines) + "\n")
 
 
+def _det_of_case(tmp_path, out, **options):
+    """compute_det of _write_case's files into tmp_path / out, with a hold-off of 3 frames."""
+    return compute_det(
+        tmp_path / "score.txt",
+        tmp_path / "data.list",
+        tmp_path / "words.txt",
+        tmp_path / out,
+        window_shift=3,
+        **options,
+    )
+
+
 def _row(stats, threshold):
     i = int(np.argmin(np.abs(stats["threshold"] - threshold)))
     return stats["fa_per_hour"][i], stats["frr"][i]
@@ -191,14 +203,7 @@ def test_ordinary_negatives_leave_the_confusables_out_of_fa_per_hour(tmp_path):
     """The near-misses and partial keywords a test set makes on purpose are a rate of their own: the
     ordinary view's FA/h counts the other negatives, and each threshold reports the confusables it accepts."""
     _write_case(tmp_path)
-    metrics = compute_det(
-        tmp_path / "score.txt",
-        tmp_path / "data.list",
-        tmp_path / "words.txt",
-        tmp_path / "det",
-        window_shift=3,
-        fa_targets=[1, 2],
-    )
+    metrics = _det_of_case(tmp_path, "det", fa_targets=[1, 2])
     hi = metrics["keywords"]["hi_there"]
     ordinary = hi["ordinary"]
     # f1 (near_miss, 0.25 h) is left out: only f2 (0.5 h, max 0.9) counts
@@ -229,9 +234,7 @@ def test_ordinary_negatives_leave_the_confusables_out_of_fa_per_hour(tmp_path):
     # a test set without confusables (the real corpora) has no second view
     lines = (tmp_path / "data.list").read_text().replace('"kind": "near_miss", ', "")
     (tmp_path / "data.list").write_text(lines)
-    plain = compute_det(
-        tmp_path / "score.txt", tmp_path / "data.list", tmp_path / "words.txt", tmp_path / "plain", window_shift=3
-    )
+    plain = _det_of_case(tmp_path, "plain")
     assert plain["keywords"]["hi_there"]["ordinary"] is None
     assert "ordinary negatives" not in (tmp_path / "plain" / "metrics.md").read_text()
     assert "On ordinary negatives" not in compare_metrics([("a", plain)])[0]
@@ -388,13 +391,8 @@ def test_errors_at_a_threshold_chosen_elsewhere(tmp_path):
     """What a deployed detector does on a held-out split: its errors at the given thresholds, with the
     ordinary view beside them."""
     _write_case(tmp_path)
-    metrics = compute_det(
-        tmp_path / "score.txt",
-        tmp_path / "data.list",
-        tmp_path / "words.txt",
-        tmp_path / "det",
-        window_shift=3,
-        reference_thresholds={"<HI_THERE>": (0.65, "elsewhere"), "<YO>": (0.5, "elsewhere")},
+    metrics = _det_of_case(
+        tmp_path, "det", reference_thresholds={"<HI_THERE>": (0.65, "elsewhere"), "<YO>": (0.5, "elsewhere")}
     )
     point = metrics["keywords"]["hi_there"]["at_reference_threshold"]
     # p1 (max 0.7) found, p2 (0.4) missed; f2 (0.9) fires once in 0.75 h, f1 (near_miss, 0.6) does not
@@ -406,10 +404,4 @@ def test_errors_at_a_threshold_chosen_elsewhere(tmp_path):
     md = (tmp_path / "det" / "metrics.md").read_text()
     assert "| <HI_THERE> | 0.65 | 50.00 % (1.3-98.7) | 1 / 2 |" in md
     with pytest.raises(KwsError, match="no reference threshold for keyword <YO>"):
-        compute_det(
-            tmp_path / "score.txt",
-            tmp_path / "data.list",
-            tmp_path / "words.txt",
-            tmp_path / "other",
-            reference_thresholds={"<HI_THERE>": (0.65, "elsewhere")},
-        )
+        _det_of_case(tmp_path, "other", reference_thresholds={"<HI_THERE>": (0.65, "elsewhere")})
