@@ -366,7 +366,7 @@ def summarize_keyword(
     }
 
 
-def summarize_ordinary(curve_all, positive_maxima, by_kind, confusable_maxima, fa_targets):
+def summarize_ordinary(curve_all, num_positives, by_kind, confusable_maxima, fa_targets):
     """The `ordinary` entry of a keyword: operating points with FA/h over the negatives that are not
     confusables, each with the confusable utterances its threshold accepts; None without confusables.
 
@@ -388,7 +388,7 @@ def summarize_ordinary(curve_all, positive_maxima, by_kind, confusable_maxima, f
         "false_alarms": alarms,
         "false_rejects": curve_all["false_rejects"],
     }
-    summary = summarize_keyword("", curve, len(positive_maxima), 0, seconds, fa_targets, ordinary)
+    summary = summarize_keyword("", curve, num_positives, 0, seconds, fa_targets, ordinary)
     for point in summary["operating_points"] + [summary["at_threshold_0.5"]]:
         threshold = point.get("threshold")
         point["confusables_accepted"] = None if threshold is None else _accepted(confusable_maxima, threshold)
@@ -561,7 +561,7 @@ def compute_det(
         )
         summary["ordinary"] = summarize_ordinary(
             curve,
-            [peak[item["key"]] for item in positives],
+            len(positives),
             by_kind,
             [peak[item["key"]] for item, kind in zip(fillers, kinds) if kind in CONFUSABLE_KINDS],
             fa_targets,
@@ -569,10 +569,13 @@ def compute_det(
         if reference_thresholds is not None:
             if token not in reference_thresholds:
                 raise KwsError(f"no reference threshold for keyword {token}")
-            negatives = {}
-            for item, kind in zip(fillers, kinds):
-                sequences, seconds = negatives.get(kind, ([], 0.0))
-                negatives[kind] = (sequences + [table[item["key"]]], seconds + float(item["duration"]))
+            negatives = {
+                kind: (
+                    [table[item["key"]] for item, k in zip(fillers, kinds) if k == kind],
+                    by_kind[kind][1],
+                )
+                for kind in by_kind
+            }
             summary["at_reference_threshold"] = point_at_threshold(
                 *reference_thresholds[token], [peak[item["key"]] for item in positives], negatives, window_shift
             )
