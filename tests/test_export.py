@@ -35,7 +35,9 @@ def random_model(config_name="tiny.yaml", seed=0, overrides=None):
         "var_stat": (torch.rand(dim, generator=gen) * 1000 + 20000).tolist(),
         "frame_num": 100,
     }
-    model = build_model(conf["model"], dim, 2, cmvn)
+    with torch.random.fork_rng():  # the layers' own initialisation draws from the global generator
+        torch.manual_seed(seed)
+        model = build_model(conf["model"], dim, 2, cmvn)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if name.endswith("running_mean"):
