@@ -4,8 +4,9 @@ Every loss has the signature `(logits [B, T, K], lengths [B], targets [B], min_d
 `targets` are keyword ids (-1 = filler), `lengths` the valid frames per utterance (clamped to [1, T]),
 `min_duration` (frames) the earliest frame at which the target keyword may count: one number, or one
 per utterance ([B]); `window_end` (optional, [B]) the frame before which it must count
-(training_config.end_anchor: a window around where each positive's keyword ends). `loss` is a scalar
-tensor, `acc` a Python float (fraction of utterances decided correctly).
+(training_config.end_anchor: a window around where each positive's keyword ends); `weights` (optional,
+[B]) each utterance's weight in the loss (training_config.confusable_weight), 1 when absent. `loss` is a
+scalar tensor, `acc` a Python float (fraction of utterances decided correctly, unweighted).
 """
 
 import torch
@@ -115,19 +116,22 @@ def pooled_logits(logits, lengths, targets, min_duration=0, window_end=None):
     return masked.amax(dim=1), is_target
 
 
-def max_pooling_loss(logits, lengths, targets, min_duration=0, window_end=None):
+def max_pooling_loss(logits, lengths, targets, min_duration=0, window_end=None, weights=None):
     """WeKws max-pooling loss, vectorised and numerically stable.
 
     Per utterance, summed over keywords k: -log(max_t p_tk) for the target keyword (frames from
     min_duration on, see `pooled_logits`) and -log(1 - max_t p_tk) = -log(min_t (1 - p_tk)) for every
     other keyword (all for fillers) over the valid frames; the sum is divided by the batch size.
     Computed as softplus(-zmax) / softplus(zmax) on the pooled logit (no probability clamping).
+    With `weights`, each utterance's sum is multiplied by its weight before the division.
     acc: an utterance is right when its target keyword fires (max posterior >= 0.5) and no other keyword
     does (all < 0.5; for fillers: no keyword fires).
     """
     zmax, is_target = pooled_logits(logits, lengths, targets, min_duration, window_end)
     batch = max(zmax.size(0), 1)
     per_term = torch.where(is_target, F.softplus(-zmax), F.softplus(zmax))
+    if weights is not None:
+        per_term = per_term * torch.as_tensor(weights, device=zmax.device, dtype=zmax.dtype).reshape(-1, 1)
     loss = per_term.sum() / batch
     with torch.no_grad():
         fired = zmax >= 0
@@ -136,14 +140,15 @@ def max_pooling_loss(logits, lengths, targets, min_duration=0, window_end=None):
     return loss, acc
 
 
-def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None):
+def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None, weights=None):
     """Utterance-level softmax cross entropy over K + 1 classes with an implicit filler class.
 
     The model keeps its K per-frame keyword logits (same model as for max pooling). Each keyword's
     logits are max-pooled over time exactly as in `max_pooling_loss` (target window from min_duration
     on), and a constant logit 0 is appended for the filler class, which sits at index K; the target
     class is the keyword id, or K for fillers (-1). Averaged over the batch. With one keyword this is
-    the same as the max-pooling loss's binary decision, since softmax([z, 0])[0] = sigmoid(z).
+    the same as the max-pooling loss's binary decision, since softmax([z, 0])[0] = sigmoid(z). With
+    `weights`, each utterance's term is multiplied by its weight (the mean still divides by B).
     acc: fraction of utterances whose argmax class equals the target class.
     """
     zmax, _ = pooled_logits(logits, lengths, targets, min_duration, window_end)
@@ -153,7 +158,10 @@ def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None
     classes = torch.where(targets < 0, torch.full_like(targets, num_keywords), targets)
     if scores.size(0) == 0:
         return scores.sum(), 0.0
-    loss = F.cross_entropy(scores, classes)
+    per_utterance = F.cross_entropy(scores, classes, reduction="none")
+    if weights is not None:
+        per_utterance = per_utterance * torch.as_tensor(weights, device=scores.device, dtype=scores.dtype)
+    loss = per_utterance.mean()
     with torch.no_grad():
         acc = (scores.argmax(dim=1) == classes).float().mean().item()
     return loss, acc

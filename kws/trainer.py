@@ -45,6 +45,7 @@ from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
 from kws.datalist import dictionary_arg, read_data_list
 from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of, keyword_end_frames
+from kws.det import CONFUSABLE_KINDS
 from kws.distributed import (
     Dist,
     choose_device,
@@ -203,9 +204,10 @@ def resolve_config(args):
             raise KwsError(
                 f"{args.config}: training_config.{key} must be a number of frames >= 0 or null, got {frames!r}"
             )
-    weight = tc.get("phone_ctc")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
-        raise KwsError(f"{args.config}: training_config.phone_ctc must be a weight >= 0 or null, got {weight!r}")
+    for key in ("phone_ctc", "confusable_weight"):
+        weight = tc.get(key)
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
+            raise KwsError(f"{args.config}: training_config.{key} must be a weight >= 0 or null, got {weight!r}")
     for key in ("max_epoch", "log_interval"):
         if isinstance(tc[key], bool) or not isinstance(tc[key], int) or tc[key] < 1:
             raise KwsError(f"{args.config}: training_config.{key} must be a positive integer, got {tc[key]!r}")
@@ -331,6 +333,8 @@ class TrainState:
     autocast_dtype: object = None  # PRECISIONS[training_config.precision]
     phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
     phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
+    confusable_weight: float = 1.0  # training_config.confusable_weight
+    confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.det)
 
 
 def target_window(state, keys):
@@ -347,13 +351,22 @@ def target_window(state, keys):
     return torch.tensor(starts, device=state.device), torch.tensor(stops, device=state.device)
 
 
-def keyword_loss(state, logits, lengths, targets, keys):
-    """The keyword criterion within each positive's target window (target_window), plus, with
+def confusable_weights(state, keys):
+    """Each utterance's weight in the training loss: training_config.confusable_weight for the corpus's
+    near-misses and partial keywords, 1 for the rest; None when every weight is 1."""
+    if state.confusable_weight == 1.0 or not state.confusable_keys:
+        return None
+    return torch.tensor([state.confusable_weight if key in state.confusable_keys else 1.0 for key in keys])
+
+
+def keyword_loss(state, logits, lengths, targets, keys, weights=None):
+    """The keyword criterion within each positive's target window (target_window), each utterance
+    weighted by `weights` (confusable_weights; CV leaves them out), plus, with
     training_config.prefix_negatives M, the positive's keyword as a negative on its frames more than M
     before the recorded keyword end (kws.loss.prefix_negative_loss): there only a prefix has been heard,
     and a prefix (你好问 of 你好问问) is a negative of its own. Positives without a recorded end add no
     such term. Returns (loss tensor, acc)."""
-    loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys))
+    loss, acc = state.criterion(logits, lengths, targets, *target_window(state, keys), weights=weights)
     if state.prefix_negatives is not None and state.end_frames:
         margin = state.prefix_negatives
         prefix_end = [state.end_frames[key] - margin if key in state.end_frames else 0 for key in keys]
@@ -414,7 +427,7 @@ def batch_backward(state, batch, active_ranks):
         with torch.autocast(state.device.type, dtype=state.autocast_dtype):
             logits, second = state.model(feats)
         logits = logits.float()  # the loss's sigmoid and logs in fp32
-    loss, acc = keyword_loss(state, logits, lengths, targets, keys)
+    loss, acc = keyword_loss(state, logits, lengths, targets, keys, confusable_weights(state, keys))
     total, phone_loss = loss, float("nan")
     if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
         ctc = phone_ctc_loss(second, lengths, keys, state.phone_targets)
@@ -639,6 +652,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         autocast_dtype=PRECISIONS[tc["precision"]],
         phone_ctc=float(tc.get("phone_ctc") or 0.0),
         phone_targets=phone_targets(train_set.items, phones, cropped_keys(train_set)) if phones else None,
+        confusable_weight=float(1.0 if tc.get("confusable_weight") is None else tc["confusable_weight"]),
+        confusable_keys=frozenset(item["key"] for item in train_items if item.get("kind") in CONFUSABLE_KINDS),
     )
     if resume.path:
         p = resume.payload

@@ -296,3 +296,25 @@ def test_prefix_negative_loss_is_each_positives_keyword_as_a_negative_before_its
 
     none = prefix_negative_loss(logits, torch.tensor([-1, -1, 0, 1]), torch.tensor([5, 5, 0, -3]))
     assert none.item() == 0.0 and none.requires_grad
+
+
+@pytest.mark.parametrize(
+    "loss_fn, reference",
+    [(max_pooling_loss, reference_max_pooling), (cross_entropy_loss, reference_cross_entropy)],
+)
+def test_weights_scale_each_utterances_term(loss_fn, reference, num_keywords=3):
+    """training_config.confusable_weight: with per-utterance weights the loss is the sum of each
+    utterance's own loss times its weight, over the batch size (the reference, one row at a time); a
+    weight of 0 leaves that utterance out of the gradient; all ones are the unweighted loss; acc ignores
+    the weights."""
+    logits, lengths, targets = random_batch(6, 25, num_keywords, seed=3)
+    weights = torch.tensor([1.0, 0.25, 0.0, 1.0, 0.5, 1.0], dtype=torch.float64)
+    a = logits.clone().requires_grad_(True)
+    loss, acc = loss_fn(a, lengths, targets, min_duration=5, weights=weights)
+    rows = [reference(logits[i : i + 1], lengths[i : i + 1], targets[i : i + 1], min_duration=5)[0] for i in range(6)]
+    assert loss.item() == pytest.approx(float(sum(w * r for w, r in zip(weights, rows)) / 6), rel=1e-10)
+    assert acc == pytest.approx(reference(logits, lengths, targets, min_duration=5)[1])
+    loss.backward()
+    assert not a.grad[2].any() and a.grad[1].abs().sum() > 0
+    ones, _ = loss_fn(logits, lengths, targets, min_duration=5, weights=torch.ones(6))
+    assert ones.item() == pytest.approx(loss_fn(logits, lengths, targets, min_duration=5)[0].item(), rel=1e-12)

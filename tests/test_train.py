@@ -445,9 +445,9 @@ def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_
         seen.update(zip(batch_keys[-1], prefix_end))
         return real_term(logits, targets, prefix_end)
 
-    def recording_loss(state, logits, lengths, targets, keys):
+    def recording_loss(state, logits, lengths, targets, keys, weights=None):
         batch_keys.append(keys)
-        return real_loss(state, logits, lengths, targets, keys)
+        return real_loss(state, logits, lengths, targets, keys, weights)
 
     monkeypatch.setattr(trainer, "prefix_negative_loss", recording_term)
     monkeypatch.setattr(trainer, "keyword_loss", recording_loss)
@@ -466,6 +466,50 @@ def test_prefix_negatives_make_each_positives_prefix_a_negative_in_training_and_
 
     with pytest.raises(KwsError, match="training_config.prefix_negatives must be"):
         trainer.main([*argv, "--override", "training_config.prefix_negatives=-2"])
+
+
+def test_confusable_weight_weighs_near_misses_and_partials_in_training_only(setup, monkeypatch, tmp_path):
+    """training_config.confusable_weight W: the training loss weighs each utterance whose list `kind` is a
+    near-miss or a partial keyword by W and every other by 1; the CV loss weighs none; the model differs
+    from one trained without it; a list without kinds (real corpora) and W = 1 train unweighted; a negative
+    W is refused."""
+    import json
+
+    _, corpus, config = setup
+    items = [json.loads(line) for line in Path(corpus["train"]).read_text().splitlines()]
+    fillers = [item for item in items if item["txt"] == -1]
+    for item, kind in zip(fillers, ("near_miss", "partial", "speech")):
+        item["kind"] = kind
+    confusable = {item["key"] for item in fillers[:2]}
+    listed = tmp_path / "train.list"
+    listed.write_text("".join(json.dumps(item) + "\n" for item in items))
+    train_keys = {item["key"] for item in items}
+    seen, real_loss = {}, trainer.keyword_loss
+
+    def recording_loss(state, logits, lengths, targets, keys, weights=None):
+        values = [None] * len(keys) if weights is None else weights.tolist()
+        seen.update(zip(keys, values))
+        return real_loss(state, logits, lengths, targets, keys, weights)
+
+    monkeypatch.setattr(trainer, "keyword_loss", recording_loss)
+    argv = train_argv({**corpus, "train": listed}, config, tmp_path / "plain", "--threads", "1", "--max_epoch", "1")
+    assert trainer.main(argv) == 0 and seen and set(seen.values()) == {None}  # off unless set
+    seen.clear()
+    argv = train_argv({**corpus, "train": listed}, config, tmp_path / "weighted", "--threads", "1", "--max_epoch", "1")
+    assert trainer.main([*argv, "--override", "training_config.confusable_weight=0.25"]) == 0
+    assert len(fillers) >= 3 and train_keys <= set(seen)
+    assert {key: seen[key] for key in confusable} == dict.fromkeys(confusable, 0.25)
+    assert all(seen[key] == 1.0 for key in train_keys - confusable)
+    assert all(value is None for key, value in seen.items() if key not in train_keys)  # CV: unweighted
+    with pytest.raises(AssertionError):
+        assert_same_checkpoint(tmp_path / "plain" / "epoch_001.pt", tmp_path / "weighted" / "epoch_001.pt")
+
+    seen.clear()
+    argv = train_argv(corpus, config, tmp_path / "no_kinds", "--threads", "1", "--max_epoch", "1")
+    assert trainer.main([*argv, "--override", "training_config.confusable_weight=0.25"]) == 0
+    assert seen and set(seen.values()) == {None}
+    with pytest.raises(KwsError, match="training_config.confusable_weight must be a weight >= 0"):
+        trainer.main([*argv, "--override", "training_config.confusable_weight=-1"])
 
 
 def test_cosine_lr_schedule_decays_every_step_and_resumes_exactly(setup, monkeypatch, tmp_path):
