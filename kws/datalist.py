@@ -20,6 +20,9 @@ REQUIRED_FIELDS = ("key", "txt", "duration", "wav")
 # anchor on it: train.end_anchor), and what it says as phonemes (training_config.phone_ctc); WeKws ignores
 # fields it does not read
 EXTRA_FIELDS = ("engine", "voice", "kind", "keyword_end", "phones")
+# the kinds made to be hard (partial phrases, phonetic neighbours): the DET's ordinary view leaves them out,
+# training_config.confusable_weight weighs them
+CONFUSABLE_KINDS = ("near_miss", "partial")
 
 
 def read_text(path, what="file"):

@@ -54,14 +54,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kws.datalist import FILLER, keyword_names, read_data_list, read_dictionary
+from kws.datalist import CONFUSABLE_KINDS, FILLER, keyword_names, read_data_list, read_dictionary
 from kws.errors import KwsError
 from kws.intervals import ZERO_EVENTS_UPPER, binomial_interval, rate_interval
 from kws.keywords import keyword_slug
 from kws.tables import metrics_markdown, metrics_tsv
 
 DEFAULT_FA_TARGETS = (0.5, 1.0, 2.0)
-CONFUSABLE_KINDS = ("near_miss", "partial")
 FA_FLOOR = 1e-6
 _MAX_BLOCK = 1 << 22  # thresholds x frames per look-up table chunk (int32: 16 MiB)
 

@@ -43,9 +43,8 @@ from kws import checkpoint as ckpt
 from kws.audio_store import open_or_build
 from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
-from kws.datalist import dictionary_arg, read_data_list
+from kws.datalist import CONFUSABLE_KINDS, dictionary_arg, read_data_list
 from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of, keyword_end_frames
-from kws.det import CONFUSABLE_KINDS
 from kws.distributed import (
     Dist,
     choose_device,
@@ -334,7 +333,7 @@ class TrainState:
     phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
     phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
     confusable_weight: float = 1.0  # training_config.confusable_weight
-    confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.det)
+    confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.datalist)
 
 
 def target_window(state, keys):

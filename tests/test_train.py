@@ -221,9 +221,9 @@ def test_nan_loss_in_training_is_counted_and_too_many_stop(setup, monkeypatch):
     real = kws.loss.criterion("max_pooling")
     calls = {"n": 0}
 
-    def nan_on_second(logits, lengths, targets, min_duration=0, window_end=None):
+    def nan_on_second(logits, lengths, targets, min_duration=0, window_end=None, weights=None):
         calls["n"] += 1
-        loss, acc = real(logits, lengths, targets, min_duration, window_end)
+        loss, acc = real(logits, lengths, targets, min_duration, window_end, weights)
         return (loss * float("nan") if calls["n"] == 2 else loss), acc
 
     monkeypatch.setattr(kws.loss, "criterion", lambda name: nan_on_second)
