@@ -8,7 +8,8 @@
    minutes there); GPU utilisation sampled with nvidia-smi meanwhile. Also the default model's step in
    the precision it trains in, for 3.'s ratio.
 2. The data path alone: utterances/s of the training batches (audio store slices, fbank and SpecAugment
-   on the device: kws.dataset), against the best eager step.
+   on the device: kws.dataset), against the best eager step; and the host syncs (torch.cuda's sync debug
+   mode) in the trainer's loop over those batches, which should be none but the epoch's end.
 3. End-to-end training through the real data path: `torchrun --nproc_per_node 1 scripts/train.py` (GPU 0,
    or `--gpus -1` on a CPU; one rank starts no process group), the workflow's way (no --pin_memory), of
    ds_tcn.yaml and of the default model (ds_tcn_small.yaml), both at batch 256. Corpus: a small synthetic
@@ -45,10 +46,11 @@ from kws.audio_store import build_store  # noqa: E402
 from kws.config import load_model_config  # noqa: E402
 from kws.datalist import read_dictionary  # noqa: E402
 from kws.dataset import Featurizer, KwsDataset, input_dim_of  # noqa: E402
+from kws.distributed import Dist  # noqa: E402
 from kws.launch import torchrun_command  # noqa: E402
-from kws.loss import max_pooling_loss  # noqa: E402
+from kws.loss import criterion, max_pooling_loss  # noqa: E402
 from kws.model import build_model, count_parameters  # noqa: E402
-from kws.trainer import make_optimizer, optimizer_step, resolve_precision  # noqa: E402
+from kws.trainer import NonFiniteGuard, TrainState, make_optimizer, optimizer_step, resolve_precision, train_one_epoch  # noqa: E402  # noqa: E402
 from kws.trainlog import read_tsv  # noqa: E402
 
 WEKWS_MODEL = REPO / "config/models/ds_tcn.yaml"
@@ -165,6 +167,48 @@ def loader_throughput(data_list, store, dictionary, device, batch, batches=30):
                     torch.cuda.synchronize()
                 return count / (time.perf_counter() - start)
     return float("nan")
+
+
+def host_syncs(data_list, store, dictionary, device, batch, steps):
+    """Synchronising CUDA calls (torch.cuda.set_sync_debug_mode: each one makes the host wait for the
+    device) in `steps` steps of the trainer's loop (kws.trainer.train_one_epoch) of the default model,
+    its batches made by the real data path. Returns (syncs, steps run); syncs is None off CUDA."""
+    conf = load_model_config(DEFAULT_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
+    dataset = KwsDataset(
+        data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
+    )
+    input_dim = input_dim_of(conf["dataset_conf"])
+    model = build_model(conf["model"], input_dim, NUM_KEYWORDS, None).to(device)
+    tc = conf["training_config"]
+    state = TrainState(
+        model=model,
+        bare_model=model,
+        optimizer=make_optimizer(model, conf.get("optim_conf"), DEFAULT_MODEL),
+        criterion=criterion(tc["criterion"]),
+        dist=Dist(1, device, "gloo"),
+        device=device,
+        input_dim=input_dim,
+        min_duration=MIN_DURATION,
+        grad_clip=float(tc["grad_clip"]),
+        guard=NonFiniteGuard(20),
+        log_interval=10_000,  # past the steps run: what remains is the per-step syncs and the epoch's end
+    )
+    dataset.set_epoch(1)
+    counts = [min(steps, dataset.batch_counts()[0])]
+    batches = Featurizer(conf["dataset_conf"], device=device).batches(dataset, 1)
+    if device.type != "cuda":
+        train_one_epoch(state, batches, 1, counts)
+        return None, counts[0]
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_one_epoch(state, batches, 1, counts)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught), counts[0]
 
 
 def end_to_end(config, data, workdir, device, batch, epochs):
@@ -285,6 +329,15 @@ def main():
             return f"{rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best eager step"
 
         table.row(f"data path alone ({WEKWS_MODEL.name} features), batch {args.batch}", measure_loader)
+
+        def measure_syncs():
+            syncs, ran = host_syncs(data["train"], data["train_store"], dictionary, device, args.batch, steps)
+            if syncs is None:
+                return f"not measurable on {device.type} (the loop ran {ran} steps)"
+            return f"{syncs} in {ran} steps, the epoch's end included ({syncs / ran:.2f} a step)"
+
+        what = f"host syncs of the training loop and data path, {labels[DEFAULT_MODEL]}, batch {args.batch}"
+        table.row(what, measure_syncs)
         for config, precision in precisions.items():
 
             def measure_training(config=config, precision=precision):

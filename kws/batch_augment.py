@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from kws.audio import SAMPLE_RATE, read_wav
+from kws.device import to_device
 from kws.errors import KwsError
 
 DEFAULTS = {
@@ -119,8 +120,10 @@ def read_noise_bank(path):
 
 def room_impulse_responses(rt60, generator, device, rate=SAMPLE_RATE):
     """[B, L] impulse responses, L the longest RT60 (at most MAX_RIR_S): Gaussian noise decaying by 60 dB
-    over each row's own RT60, normalised to unit energy, and a direct path of 1 at t = 0."""
-    length = int(min(float(rt60.max()), MAX_RIR_S) * rate)
+    over each row's own RT60 (a numpy array: its longest is read on the host), normalised to unit energy,
+    and a direct path of 1 at t = 0."""
+    length = int(min(float(np.float32(np.max(rt60))), MAX_RIR_S) * rate)  # float32, as the decay below
+    rt60 = to_device(rt60, device, torch.float32)
     t = torch.arange(length, device=device) / rate
     decay = torch.exp(-3.0 * math.log(10.0) * t.unsqueeze(0) / rt60.unsqueeze(1))  # 10^(-3 t / rt60)
     rir = torch.randn(len(rt60), length, generator=generator, device=generator.device).to(device) * decay
@@ -157,7 +160,7 @@ class BatchAugment:
         batch, width = x.shape
         if batch == 0 or width == 0:
             return x
-        lengths = lengths.to(x.device)
+        lengths = to_device(lengths, x.device)
         mask = (torch.arange(width, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)
         reverb, noise, gain = self.settings["reverb"], self.settings["noise"], self.settings["gain_db"]
         # Every draw is made whether or not it is used, so one setting's change does not shift the others.
@@ -177,19 +180,19 @@ class BatchAugment:
         if reverb is not None:
             rows = np.flatnonzero(draws["reverb"] < reverb["p"])
             if len(rows):
-                x[rows] = self._reverberate(
-                    x[rows], mask[rows], lengths[rows], draws["rt60"][rows], generators["reverb"]
-                )
+                at = to_device(rows, x.device)  # a numpy index would be copied to a GPU with a host sync
+                x[at] = self._reverberate(x[at], mask[at], lengths[at], draws["rt60"][rows], generators["reverb"])
         if noise is not None:
             rows = np.flatnonzero(draws["noise"] < noise["p"])
             if len(rows):
-                x[rows] = self._add_noise(x[rows], mask[rows], lengths[rows], draws, rows, generators["noise"])
+                at = to_device(rows, x.device)
+                x[at] = self._add_noise(x[at], mask[at], lengths[at], draws, rows, generators["noise"])
         if gain is not None:
-            x = x * torch.as_tensor(10.0 ** (draws["gain"] / 20.0), dtype=x.dtype, device=x.device).unsqueeze(1)
+            x = x * to_device(10.0 ** (draws["gain"] / 20.0), x.device, x.dtype).unsqueeze(1)
         return (x * mask).clamp(-32768.0, 32767.0)
 
     def _reverberate(self, x, mask, lengths, rt60, generator):
-        rir = room_impulse_responses(torch.as_tensor(rt60, dtype=x.dtype, device=x.device), generator, x.device)
+        rir = room_impulse_responses(rt60, generator, x.device)
         n = 1 << (x.shape[1] + rir.shape[1] - 1).bit_length()
         wet = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(rir, n=n), n=n)[:, : x.shape[1]] * mask
         scale = (_power(x, mask, lengths) / _power(wet, mask, lengths).clamp_min(1e-12)).sqrt()
@@ -198,13 +201,13 @@ class BatchAugment:
     def _add_noise(self, x, mask, lengths, draws, rows, generator):
         count, width = x.shape
         if self.bank is None:
-            colour = torch.as_tensor(draws["colour"][rows], dtype=x.dtype, device=x.device)
+            colour = to_device(draws["colour"][rows], x.device, x.dtype)
             noise = _coloured_noise(count, width, colour, generator, x.device)
         else:  # a random stretch of the bank, wrapping around its end
-            starts = torch.as_tensor((draws["offset"][rows] * len(self.bank)).astype(np.int64), device=x.device)
+            starts = to_device((draws["offset"][rows] * len(self.bank)).astype(np.int64), x.device)
             index = (starts.unsqueeze(1) + torch.arange(width, device=x.device).unsqueeze(0)) % len(self.bank)
             noise = self.bank[index]
-        snr = torch.as_tensor(draws["snr"][rows], dtype=x.dtype, device=x.device)
+        snr = to_device(draws["snr"][rows], x.device, x.dtype)
         speech, noise_power = _power(x, mask, lengths), _power(noise, mask, lengths).clamp_min(1e-12)
         scale = (speech / (noise_power * 10.0 ** (snr / 10.0))).sqrt()
         return x + noise * scale.unsqueeze(1) * mask

@@ -40,6 +40,7 @@ from kws.audio_store import AudioStore, MemoryStore
 from kws.batch_augment import BatchAugment, parse_conf
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import FILLER, read_data_list, require_labels
+from kws.device import to_device
 from kws.errors import KwsError
 from kws.features import batch_fbank, fbank_conf_of, frame_geometry, inference_fbank, num_frames
 
@@ -311,7 +312,7 @@ class Featurizer:
     """Host batches -> feature batches on `device`: dither, fbank and SpecAugment of the dataset_conf,
     seeded by (seed, epoch, rank, batch index). Frames are zero-padded to a multiple of PAD_MULTIPLE."""
 
-    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu", pin_memory=False):
+    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu"):
         self.conf = dict(dataset_conf or {})
         self.fbank_conf = fbank_conf_of(self.conf)
         self.dither = float(self.fbank_conf.get("dither", 0.0))
@@ -319,16 +320,13 @@ class Featurizer:
         self.spec_aug_conf = {**DEFAULT_SPEC_AUG, **(self.conf.get("spec_aug_conf") or {})}
         self.seed, self.rank = int(seed), int(rank)
         self.device = torch.device(device)
-        self.pin_memory = pin_memory and self.device.type == "cuda"
         augment = parse_conf(self.conf.get("batch_augment"))
         self.augment = BatchAugment(augment, self.device) if augment else None
 
     def __call__(self, batch, epoch, index):
         keys, samples, lengths, targets = batch
         entropy = (self.seed, epoch, self.rank, index)
-        if self.pin_memory:
-            samples = samples.pin_memory()
-        samples = samples.to(self.device, non_blocking=True)  # int16; fbank reads them on that scale
+        samples = to_device(samples, self.device)  # int16; fbank reads them on that scale
         if self.augment is not None:
             samples = self.augment(samples, lengths, _rng(*entropy, _STREAM_AUGMENT))
         generator = None
@@ -337,18 +335,17 @@ class Featurizer:
             generator.manual_seed(int(_rng(*entropy, _STREAM_DITHER).integers(2**62)))
         if self.device.type == "cpu":
             feats, frames = self._one_by_one(samples, lengths, generator)
-        else:  # one batched call: what a GPU is fast at
-            lengths = lengths.to(self.device)
+        else:  # one batched call: what a GPU is fast at (lengths stay on the host: no host sync)
             feats, frames = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
-            for row, count in enumerate(frames.tolist()):
+            for row, count in enumerate(num_frames(lengths, self.fbank_conf).tolist()):
                 spec_augment(feats[row, :count], rng, **conf)
         extra = padded_length(feats.shape[1]) - feats.shape[1]
         if extra:
             feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))
-        return keys, feats, frames, targets.to(self.device, non_blocking=True)
+        return keys, feats, frames, to_device(targets, self.device)
 
     def _one_by_one(self, samples, lengths, generator):
         """batch_fbank of each utterance on its own valid samples: on a CPU the padding (2x the real

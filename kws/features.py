@@ -162,15 +162,19 @@ def batch_fbank(waveforms, lengths, fbank_conf, dither=0.0, generator=None, int1
     """
     import torch
 
+    from kws.device import to_device
+
     conf = fbank_settings(fbank_conf)
     window, shift = frame_geometry(conf)
     num_bins = int(conf["num_mel_bins"])
     waveforms = torch.as_tensor(waveforms)
     device = waveforms.device
-    lengths = torch.as_tensor(lengths, device=device).long()
-    frames = num_frames(lengths, conf)
+    # Frames are counted where the lengths are: given on the host (kws.dataset.Featurizer does), reading
+    # the longest costs no host sync on a GPU
+    host_frames = num_frames(torch.as_tensor(lengths).long(), conf)
     batch = waveforms.shape[0]
-    longest = int(frames.max()) if batch else 0
+    longest = int(host_frames.max()) if batch else 0
+    frames = to_device(host_frames, device)
     if longest == 0:
         return waveforms.new_zeros(batch, 0, num_bins, dtype=torch.float32), frames
     x = waveforms.to(torch.float32)

@@ -6,7 +6,8 @@ Every loss has the signature `(logits [B, T, K], lengths [B], targets [B], min_d
 per utterance ([B]); `window_end` (optional, [B]) the frame before which it must count
 (training_config.end_anchor: a window around where each positive's keyword ends); `weights` (optional,
 [B]) each utterance's weight in the loss (training_config.confusable_weight), 1 when absent. `loss` is a
-scalar tensor, `acc` a Python float (fraction of utterances decided correctly, unweighted).
+scalar tensor, `acc` a 0-dim float32 tensor (fraction of utterances decided correctly, unweighted; a
+tensor so that the training loop reads it only when it logs, not once per step).
 """
 
 import torch
@@ -23,7 +24,9 @@ def _check(logits, lengths, targets):
     targets = torch.as_tensor(targets, device=logits.device).reshape(-1).long()
     if lengths.numel() != batch or targets.numel() != batch:
         raise ValueError(f"lengths ({lengths.numel()}) and targets ({targets.numel()}) must have B={batch} entries")
-    if batch and (targets.min() < -1 or targets.max() >= num_keywords):
+    # Checked on the host only: on a GPU the check would make every step wait for the device. Training
+    # lists are checked when read (kws.datalist), so a GPU never sees an id out of range from them.
+    if batch and targets.device.type == "cpu" and (targets.min() < -1 or targets.max() >= num_keywords):
         raise KwsError(
             f"keyword id out of range: targets must be -1 (filler) or 0..{num_keywords - 1}, "
             f"got {sorted(set(targets.tolist()))}"
@@ -136,7 +139,7 @@ def max_pooling_loss(logits, lengths, targets, min_duration=0, window_end=None, 
     with torch.no_grad():
         fired = zmax >= 0
         correct = (fired == is_target).all(dim=1)
-        acc = correct.float().mean().item() if correct.numel() else 0.0
+        acc = correct.float().mean() if correct.numel() else zmax.new_zeros(())
     return loss, acc
 
 
@@ -157,13 +160,13 @@ def cross_entropy_loss(logits, lengths, targets, min_duration=0, window_end=None
     scores = torch.cat((zmax, zmax.new_zeros(zmax.size(0), 1)), dim=1)  # [B, K + 1]
     classes = torch.where(targets < 0, torch.full_like(targets, num_keywords), targets)
     if scores.size(0) == 0:
-        return scores.sum(), 0.0
+        return scores.sum(), scores.new_zeros(())
     per_utterance = F.cross_entropy(scores, classes, reduction="none")
     if weights is not None:
         per_utterance = per_utterance * torch.as_tensor(weights, device=scores.device, dtype=scores.dtype)
     loss = per_utterance.mean()
     with torch.no_grad():
-        acc = (scores.argmax(dim=1) == classes).float().mean().item()
+        acc = (scores.argmax(dim=1) == classes).float().mean()
     return loss, acc
 
 
@@ -179,13 +182,12 @@ def prefix_negative_loss(logits, targets, prefix_end):
     batch, frames, _ = logits.shape
     targets = torch.as_tensor(targets, device=logits.device).reshape(-1).long()
     prefix_end = torch.as_tensor(prefix_end, device=logits.device).reshape(-1).long().clamp(max=frames)
-    rows = ((targets >= 0) & (prefix_end > 0)).nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return logits.float().sum() * 0.0
+    counted = (targets >= 0) & (prefix_end > 0)  # [B]; a mask, not a row selection: that would sync a GPU
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    target_logits = logits[rows, :, targets[rows]].to(dtype)  # [R, T]
-    outside = torch.arange(frames, device=logits.device).unsqueeze(0) >= prefix_end[rows].unsqueeze(1)
-    zmax = target_logits.masked_fill(outside, float("-inf")).amax(dim=1)
+    target_logits = logits.gather(2, targets.clamp(min=0).view(-1, 1, 1).expand(-1, frames, 1)).squeeze(2)
+    outside = torch.arange(frames, device=logits.device).unsqueeze(0) >= prefix_end.unsqueeze(1)
+    outside = outside | ~counted.unsqueeze(1)
+    zmax = target_logits.to(dtype).masked_fill(outside, float("-inf")).amax(dim=1)  # -inf: softplus 0
     return F.softplus(zmax).sum() / max(batch, 1)
 
 

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kws.device import to_device
+
 BLANK = 0
 
 
@@ -64,11 +66,14 @@ def phone_ctc_loss(phone_logits, lengths, keys, targets):
     if not rows:
         return phone_logits.float().sum() * 0.0
     labels = [targets[keys[b]] for b in rows]
-    log_probs = phone_logits[rows].float().log_softmax(dim=-1).transpose(0, 1)  # [T, R, V + 1]
-    input_lengths = torch.as_tensor(lengths, device=phone_logits.device).reshape(-1)[rows].long().cpu()
+    device = phone_logits.device
+    selected = phone_logits if len(rows) == len(keys) else phone_logits.index_select(0, to_device(rows, device))
+    log_probs = selected.float().log_softmax(dim=-1).transpose(0, 1)  # [T, R, V + 1]
+    # F.ctc_loss reads the lengths on the host: lengths given there cost no host sync
+    input_lengths = torch.as_tensor(lengths).reshape(-1).cpu()[rows].long()
     return F.ctc_loss(
         log_probs,
-        torch.cat(labels).to(phone_logits.device),
+        to_device(torch.cat(labels), device),
         input_lengths,
         torch.tensor([len(label) for label in labels]),
         blank=BLANK,

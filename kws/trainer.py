@@ -45,6 +45,7 @@ from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
 from kws.datalist import CONFUSABLE_KINDS, dictionary_arg, read_data_list
 from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, input_dim_of, keyword_end_frames
+from kws.device import to_device
 from kws.distributed import (
     Dist,
     choose_device,
@@ -122,7 +123,9 @@ def build_parser():
         help="accepted for WeKws's command line; unused: batches are slices of the audio store, "
         "featurised on the training device",
     )
-    p.add_argument("--pin_memory", action="store_true", help="pinned host memory for batches (GPU)")
+    p.add_argument(
+        "--pin_memory", action="store_true", help="accepted (WeKws); batches always reach a GPU through pinned memory"
+    )
     p.add_argument("--prefetch", type=int, default=2, help=argparse.SUPPRESS)  # WeKws's; unused
     p.add_argument(
         "--train_audio_store",
@@ -347,7 +350,7 @@ def target_window(state, keys):
     ends, anchor, floor = state.end_frames or {}, state.end_anchor, state.min_duration
     starts = [max(floor, ends[key] - anchor) if key in ends else floor for key in keys]
     stops = [ends[key] + anchor + 1 if key in ends else 1 << 30 for key in keys]
-    return torch.tensor(starts, device=state.device), torch.tensor(stops, device=state.device)
+    return to_device(starts, state.device), to_device(stops, state.device)
 
 
 def confusable_weights(state, keys):
@@ -355,7 +358,8 @@ def confusable_weights(state, keys):
     near-misses and partial keywords, 1 for the rest; None when every weight is 1."""
     if state.confusable_weight == 1.0 or not state.confusable_keys:
         return None
-    return torch.tensor([state.confusable_weight if key in state.confusable_keys else 1.0 for key in keys])
+    weights = [state.confusable_weight if key in state.confusable_keys else 1.0 for key in keys]
+    return to_device(weights, state.device, torch.float32)
 
 
 def keyword_loss(state, logits, lengths, targets, keys, weights=None):
@@ -369,7 +373,7 @@ def keyword_loss(state, logits, lengths, targets, keys, weights=None):
     if state.prefix_negatives is not None and state.end_frames:
         margin = state.prefix_negatives
         prefix_end = [state.end_frames[key] - margin if key in state.end_frames else 0 for key in keys]
-        loss = loss + prefix_negative_loss(logits, targets, prefix_end)
+        loss = loss + prefix_negative_loss(logits, targets, to_device(prefix_end, state.device))
     return loss, acc
 
 
@@ -393,13 +397,17 @@ def phone_supervision(tc, train_set):
 
 
 def optimizer_step(model, optimizer, grad_clip):
-    """Clip, then step unless the gradient norm is not finite. Returns (grad_norm float, stepped bool).
-
-    The gradient is zeroed either way; a skipped step leaves parameters and optimizer state untouched.
-    """
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
-    stepped = math.isfinite(grad_norm)
-    if stepped:
+    """Clip, then step unless the gradient norm is not finite. Returns (grad_norm, stepped): 0-dim tensors
+    on the gradients' device, read by no one here, so a step costs no host sync. Fused Adam (the default,
+    make_optimizer) takes the skip as its `found_inf`, as torch.amp.GradScaler hands it: the kernel leaves
+    parameters, moments and step count untouched when it is set. Other optimizers step after the flag is
+    read on the host. The gradient is zeroed either way."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip).detach()
+    stepped = torch.isfinite(grad_norm)
+    if all(group.get("fused") for group in optimizer.param_groups):
+        optimizer.found_inf = (~stepped).float()
+        optimizer.step()
+    elif stepped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, stepped
@@ -417,8 +425,10 @@ def idle_backward(model, input_dim, device):
 
 def batch_backward(state, batch, active_ranks):
     """Forward and backward of one batch, the loss scaled so that DDP's average over all ranks is the
-    mean over the `active_ranks` that had a batch. Returns (keyword loss, acc, phoneme CTC loss or nan)."""
+    mean over the `active_ranks` that had a batch. Returns 0-dim tensors on the training device (not
+    read here: no host sync): (keyword loss, acc, phoneme CTC loss or nan)."""
     keys, feats, lengths, targets = batch
+    host_lengths = lengths.cpu()  # a batch's lengths come from the host (kws.dataset.Featurizer)
     feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
     if state.autocast_dtype is None:
         logits, second = state.model(feats)
@@ -427,35 +437,66 @@ def batch_backward(state, batch, active_ranks):
             logits, second = state.model(feats)
         logits = logits.float()  # the loss's sigmoid and logs in fp32
     loss, acc = keyword_loss(state, logits, lengths, targets, keys, confusable_weights(state, keys))
-    total, phone_loss = loss, float("nan")
+    total, phone_loss = loss, torch.full((), float("nan"), device=state.device)
     if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
-        ctc = phone_ctc_loss(second, lengths, keys, state.phone_targets)
-        total, phone_loss = loss + state.phone_ctc * ctc, ctc.item()
+        ctc = phone_ctc_loss(second, host_lengths, keys, state.phone_targets)
+        total, phone_loss = loss + state.phone_ctc * ctc, ctc.detach()
     scale = state.dist.world_size / active_ranks
     (total * scale if scale != 1 else total).backward()
-    return loss.item(), acc, phone_loss
+    return loss.detach(), acc, phone_loss
+
+
+class EpochSums:
+    """An epoch's training statistics, summed on the training device and read at log intervals only: a
+    per-step read (loss.item()) would make the host wait for every step the device runs."""
+
+    def __init__(self, device):
+        # loss * utterances, acc * utterances, utterances (of steps with a finite loss), grad norm, steps
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.pending = []  # (batch index, stepped flag tensor) not yet shown to the NonFiniteGuard
+
+    def add_batch(self, loss, acc, count):
+        finite = torch.isfinite(loss)
+        values = torch.stack((loss.double() * count, acc.double() * count, finite.double() * count))
+        self.sums[:3] += torch.where(finite, values, torch.zeros_like(values))
+
+    def add_step(self, batch_index, grad_norm, stepped):
+        self.sums[3:] += torch.stack((torch.where(stepped, grad_norm.double(), 0.0), stepped.double()))
+        self.pending.append((batch_index, stepped))
+
+    def check(self, guard, epoch):
+        """One host sync: the steps since the last check go through the guard (which raises after too many
+        non-finite ones in a row)."""
+        if not self.pending:
+            return
+        flags = torch.stack([stepped for _, stepped in self.pending]).tolist()
+        for (batch_index, _), stepped in zip(self.pending, flags):
+            guard.update(stepped, f"epoch {epoch} batch {batch_index}")
+        self.pending = []
 
 
 def train_one_epoch(state, batches, epoch, counts):
     """One pass over this rank's batches; `counts` are the batches every rank has this epoch (known in
-    advance: kws.dataset), so no collective is needed to find out who still has one. Returns a dict of
-    epoch statistics (identical on every rank)."""
+    advance: kws.dataset), so no collective is needed to find out who still has one. Nothing is read back
+    from the device between log intervals (EpochSums): non-finite steps are skipped on the device
+    (optimizer_step) and counted at each interval, so a diverged run stops within
+    training_config.log_interval steps of reaching training_config.max_nonfinite_steps. Returns a dict
+    of epoch statistics (identical on every rank)."""
     state.model.train()
-    loss_sum = acc_sum = utts = seen = 0.0
-    norms = []
+    sums = EpochSums(state.device)
+    seen = 0
     skipped_before = state.guard.total
+    nan = torch.full((), float("nan"), device=state.device)
     batches = iter(batches)
     for batch_index in range(1, max(counts, default=0) + 1):
         active = sum(1 for count in counts if count >= batch_index)
         batch = next(batches) if counts[state.rank] >= batch_index else None
         state.step += 1
-        loss_value = acc = phone_loss = float("nan")
+        loss = acc = phone_loss = nan
         if batch is not None:
-            loss_value, acc, phone_loss = batch_backward(state, batch, active)
-            count = len(batch[0])
-            seen += count
-            if math.isfinite(loss_value):
-                loss_sum, acc_sum, utts = loss_sum + loss_value * count, acc_sum + acc * count, utts + count
+            loss, acc, phone_loss = batch_backward(state, batch, active)
+            sums.add_batch(loss, acc, len(batch[0]))
+            seen += len(batch[0])
         else:
             idle_backward(state.model, state.input_dim, state.device)
         if state.lr_at is not None:
@@ -463,29 +504,33 @@ def train_one_epoch(state, batches, epoch, counts):
             for group in state.optimizer.param_groups:
                 group["lr"] = lr
         grad_norm, stepped = optimizer_step(state.model, state.optimizer, state.grad_clip)
-        state.guard.update(stepped, f"epoch {epoch} batch {batch_index}")
-        if stepped:
-            norms.append(grad_norm)
-        if batch_index % state.log_interval == 0 and state.rank == 0:
-            lr = state.optimizer.param_groups[0]["lr"]
-            log.info(
-                "epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g%s",
-                epoch,
-                batch_index,
-                loss_value,
-                acc,
-                grad_norm,
-                lr,
-                "" if state.phone_targets is None else f" phone_ctc {phone_loss:.4f}",
-            )
-            add_scalars(state.writer, "train", {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}, state.step)
+        sums.add_step(batch_index, grad_norm, stepped)
+        if batch_index % state.log_interval == 0:
+            sums.check(state.guard, epoch)
+            if state.rank == 0:
+                loss_value, acc, grad_norm, phone_loss = torch.stack((loss, acc, grad_norm, phone_loss)).tolist()
+                lr = state.optimizer.param_groups[0]["lr"]
+                log.info(
+                    "epoch %d batch %d loss %.4f acc %.3f grad_norm %.4f lr %.3g%s",
+                    epoch,
+                    batch_index,
+                    loss_value,
+                    acc,
+                    grad_norm,
+                    lr,
+                    "" if state.phone_targets is None else f" phone_ctc {phone_loss:.4f}",
+                )
+                scalars = {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
+                add_scalars(state.writer, "train", scalars, state.step)
+    sums.check(state.guard, epoch)
+    loss_sum, acc_sum, utts, norm_sum, steps = sums.sums.tolist()
     loss_sum, acc_sum, utts, seen = state.dist.sum([loss_sum, acc_sum, utts, seen])
     return {
         "train_loss": loss_sum / utts if utts else float("nan"),
         "train_acc": acc_sum / utts if utts else float("nan"),
         "train_utts": int(seen),
         "batches": max(counts, default=0),
-        "grad_norm": float(np.mean(norms)) if norms else float("nan"),
+        "grad_norm": norm_sum / steps if steps else float("nan"),
         "skipped_steps": state.guard.total - skipped_before,
     }
 
@@ -496,15 +541,16 @@ def evaluate(state, batches):
     model = state.bare_model
     state.dist.sync_buffers(model)
     model.eval()
-    loss_sum = acc_sum = utts = 0.0
+    sums = torch.zeros(2, dtype=torch.float64, device=state.device)  # read once, at the end
+    utts = 0
     with torch.no_grad():
         for keys, feats, lengths, targets in batches:
             feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
             logits, _ = model(feats)
             loss, acc = keyword_loss(state, logits, lengths, targets, keys)
-            loss_sum += float(loss) * len(keys)
-            acc_sum += acc * len(keys)
+            sums += torch.stack((loss.double(), acc.double())) * len(keys)
             utts += len(keys)
+    loss_sum, acc_sum = sums.tolist()
     loss_sum, acc_sum, utts = state.dist.sum([loss_sum, acc_sum, utts])
     if utts == 0:
         return float("nan"), float("nan"), 0
@@ -596,8 +642,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     cv_set = KwsDataset(
         args.cv_data, cv_conf, seed=args.seed, rank=rank, world_size=world_size, items=cv_items, store=stores["cv"]
     )
-    featurize = Featurizer(config["dataset_conf"], args.seed, rank, device, args.pin_memory)
-    featurize_cv = Featurizer(cv_conf, args.seed, rank, device, args.pin_memory)
+    featurize = Featurizer(config["dataset_conf"], args.seed, rank, device)
+    featurize_cv = Featurizer(cv_conf, args.seed, rank, device)
 
     # Model.
     cmvn = read_cmvn(args.cmvn_file) if args.cmvn_file is not None else None

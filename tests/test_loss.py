@@ -100,7 +100,7 @@ def test_matches_loop_reference(loss_fn, reference, num_keywords, min_duration, 
     loss.backward()
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-10, abs=1e-10)
-    assert acc == pytest.approx(ref_acc)
+    assert float(acc) == pytest.approx(ref_acc)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12)
 
 
@@ -131,7 +131,7 @@ def test_min_duration_window_and_short_utterances():
     loss, acc = max_pooling_loss(logits, lengths, targets, min_duration=5)
     expected = (math.log1p(math.exp(5.0)) + math.log1p(math.exp(-5.0))) / 2
     assert loss.item() == pytest.approx(expected)
-    assert acc == 0.5
+    assert float(acc) == 0.5
 
 
 @pytest.mark.parametrize("num_keywords", [2, 9])  # the vectorised path and the CPU autograd node
@@ -228,7 +228,7 @@ def test_extreme_logits_stay_finite():
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
     # Utterance 0: keyword 0 right (-log sigmoid(200) ~ 0) but keyword 1 fires too (~200 nats).
     assert loss.item() == pytest.approx(100.0, rel=1e-6)
-    assert acc == 0.5
+    assert float(acc) == 0.5
     loss, _ = cross_entropy_loss(logits, torch.tensor([2, 2]), torch.tensor([0, -1]))
     assert torch.isfinite(loss)
 
@@ -238,9 +238,9 @@ def test_perfect_predictions_have_near_zero_loss_and_full_accuracy():
     logits[0, 6, 0] = 20.0
     logits[1, 7, 1] = 20.0
     loss, acc = max_pooling_loss(logits, torch.tensor([8, 8, 8]), torch.tensor([0, 1, -1]), min_duration=2)
-    assert loss.item() < 1e-6 and acc == 1.0
+    assert loss.item() < 1e-6 and float(acc) == 1.0
     loss, acc = cross_entropy_loss(logits, torch.tensor([8, 8, 8]), torch.tensor([0, 1, -1]), min_duration=2)
-    assert loss.item() < 1e-6 and acc == 1.0
+    assert loss.item() < 1e-6 and float(acc) == 1.0
 
 
 def test_lengths_beyond_the_batch_are_clamped():
@@ -313,7 +313,7 @@ def test_weights_scale_each_utterances_term(loss_fn, reference, num_keywords=3):
     loss, acc = loss_fn(a, lengths, targets, min_duration=5, weights=weights)
     rows = [reference(logits[i : i + 1], lengths[i : i + 1], targets[i : i + 1], min_duration=5)[0] for i in range(6)]
     assert loss.item() == pytest.approx(float(sum(w * r for w, r in zip(weights, rows)) / 6), rel=1e-10)
-    assert acc == pytest.approx(reference(logits, lengths, targets, min_duration=5)[1])
+    assert float(acc) == pytest.approx(float(reference(logits, lengths, targets, min_duration=5)[1]))
     loss.backward()
     assert not a.grad[2].any() and a.grad[1].abs().sum() > 0
     ones, _ = loss_fn(logits, lengths, targets, min_duration=5, weights=torch.ones(6))

@@ -189,29 +189,40 @@ def test_changed_seed_refuses_to_resume_and_restart_on_change_starts_over(setup,
     assert torch.load(model_dir / "epoch_001.pt", weights_only=True)["seed"] == 667
 
 
-def test_nonfinite_gradient_skips_the_step():
+@pytest.mark.parametrize("fused", [True, False])
+def test_nonfinite_gradient_skips_the_step(fused):
+    """A non-finite gradient norm leaves parameters and Adam's moments and step count as they were, with
+    fused Adam (the default: the skip stays on the device, as found_inf) and with the per-tensor one."""
     from kws.model import build_model
 
     model = build_model({"hidden_dim": 8, "backbone": {"type": "tcn", "num_layers": 1, "kernel_size": 3}}, 4, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    logits, _ = model(torch.randn(2, 10, 4))
-    logits.sum().backward()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    first = next(p for p in model.parameters() if p.grad is not None)
-    first.grad.view(-1)[0] = float("nan")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, fused=fused)
+
+    def backward(poison=None):
+        logits, _ = model(torch.randn(2, 10, 4))
+        logits.sum().backward()
+        if poison is not None:
+            next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = poison
+
+    def adam_state():
+        return {(k, name): v.clone() for k, s in optimizer.state_dict()["state"].items() for name, v in s.items()}
+
+    backward(float("nan"))
     grad_norm, stepped = trainer.optimizer_step(model, optimizer, 5.0)
-    assert not stepped and not torch.isfinite(torch.tensor(grad_norm))
-    assert_same_tensors(before, model.state_dict())
-    assert optimizer.state_dict()["state"] == {}  # Adam did not count a step
+    assert not stepped and not torch.isfinite(grad_norm)
+    assert all(float(s["step"]) == 0 for s in optimizer.state.values())  # Adam did not count a step
     assert all(p.grad is None for p in model.parameters())
-    # a finite gradient steps
-    logits, _ = model(torch.randn(2, 10, 4))
-    logits.sum().backward()
-    first.grad.view(-1)[0] = float("inf")
-    assert trainer.optimizer_step(model, optimizer, 5.0)[1] is False
-    logits, _ = model(torch.randn(2, 10, 4))
-    logits.sum().backward()
-    assert trainer.optimizer_step(model, optimizer, 5.0)[1] is True
+    backward()
+    assert trainer.optimizer_step(model, optimizer, 5.0)[1]
+    for poison in (float("inf"), float("nan")):
+        backward(poison)  # (moves BatchNorm's running statistics: a forward in training mode)
+        before, moments = {k: v.clone() for k, v in model.state_dict().items()}, adam_state()
+        assert not trainer.optimizer_step(model, optimizer, 5.0)[1]
+        assert_same_tensors(before, model.state_dict())
+        assert_same_tensors(moments, adam_state())
+    backward()
+    assert trainer.optimizer_step(model, optimizer, 5.0)[1]
+    assert all(float(s["step"]) == 2 for s in optimizer.state.values())
     assert not torch.equal(before["classifier.linear.weight"], model.state_dict()["classifier.linear.weight"])
 
 
@@ -232,7 +243,11 @@ def test_nan_loss_in_training_is_counted_and_too_many_stop(setup, monkeypatch):
     sidecar = yaml.safe_load((model_dir / "epoch_001.yaml").read_text())
     assert sidecar["skipped_steps"] == 1
 
-    monkeypatch.setattr(kws.loss, "criterion", lambda name: lambda *a, **k: (real(*a, **k)[0] * float("inf"), 0.0))
+    def always_inf(*args, **kwargs):
+        loss, acc = real(*args, **kwargs)
+        return loss * float("inf"), acc
+
+    monkeypatch.setattr(kws.loss, "criterion", lambda name: always_inf)
     with pytest.raises(KwsError, match="3 steps in a row with a non-finite gradient"):
         run_inprocess(
             setup, setup[0] / "nan_always", "--max_epoch", "1", "--override", "training_config.max_nonfinite_steps=2"
