@@ -310,7 +310,8 @@ class KwsDataset:
 
 class Featurizer:
     """Host batches -> feature batches on `device`: dither, fbank and SpecAugment of the dataset_conf,
-    seeded by (seed, epoch, rank, batch index). Frames are zero-padded to a multiple of PAD_MULTIPLE."""
+    seeded by (seed, epoch, rank, batch index). Frames are zero-padded to a multiple of PAD_MULTIPLE.
+    Each utterance's frame count stays on the host (what the trainer reads there costs no sync)."""
 
     def __init__(self, dataset_conf, seed=666, rank=0, device="cpu"):
         self.conf = dict(dataset_conf or {})
@@ -334,13 +335,14 @@ class Featurizer:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(int(_rng(*entropy, _STREAM_DITHER).integers(2**62)))
         if self.device.type == "cpu":
-            feats, frames = self._one_by_one(samples, lengths, generator)
-        else:  # one batched call: what a GPU is fast at (lengths stay on the host: no host sync)
-            feats, frames = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
+            feats = self._one_by_one(samples, lengths, generator)
+        else:  # one batched call: what a GPU is fast at
+            feats, _ = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
+        frames = num_frames(lengths, self.fbank_conf)  # on the host, as the lengths: read without a sync
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
-            for row, count in enumerate(num_frames(lengths, self.fbank_conf).tolist()):
+            for row, count in enumerate(frames.tolist()):
                 spec_augment(feats[row, :count], rng, **conf)
         extra = padded_length(feats.shape[1]) - feats.shape[1]
         if extra:
@@ -357,7 +359,7 @@ class Featurizer:
                 samples[row : row + 1, :length], [length], self.fbank_conf, self.dither, generator, int16_scale=True
             )
             feats[row, : one.shape[1]] = one[0]
-        return feats, frames
+        return feats
 
     def batches(self, dataset, epoch):
         """The dataset's batches of `epoch`, featurised."""

@@ -38,7 +38,10 @@ def _target_window(lengths, min_duration, window_end=None):
     """(start, stop) [B] of each utterance's target window: from min_duration (a number or [B]), or 0
     where the utterance is not longer than that (WeKws), to window_end ([B], at most the length; never
     empty), else to the length."""
-    floor = torch.as_tensor(min_duration, device=lengths.device).long().expand_as(lengths)
+    if isinstance(min_duration, torch.Tensor):
+        floor = min_duration.to(lengths.device).long().expand_as(lengths)
+    else:  # a number: filled on the device (a host scalar copied to a GPU would wait for its queue)
+        floor = torch.full_like(lengths, int(min_duration))
     start = torch.where(lengths > floor, floor, torch.zeros_like(lengths))
     if window_end is None:
         return start, lengths

@@ -428,8 +428,8 @@ def batch_backward(state, batch, active_ranks):
     mean over the `active_ranks` that had a batch. Returns 0-dim tensors on the training device (not
     read here: no host sync): (keyword loss, acc, phoneme CTC loss or nan)."""
     keys, feats, lengths, targets = batch
-    host_lengths = lengths.cpu()  # a batch's lengths come from the host (kws.dataset.Featurizer)
-    feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
+    host_lengths = lengths.cpu()  # a batch's lengths are on the host (kws.dataset.Featurizer): no copy
+    feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
     if state.autocast_dtype is None:
         logits, second = state.model(feats)
     else:
@@ -545,7 +545,7 @@ def evaluate(state, batches):
     utts = 0
     with torch.no_grad():
         for keys, feats, lengths, targets in batches:
-            feats, lengths, targets = (t.to(state.device, non_blocking=True) for t in (feats, lengths, targets))
+            feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
             logits, _ = model(feats)
             loss, acc = keyword_loss(state, logits, lengths, targets, keys)
             sums += torch.stack((loss.double(), acc.double())) * len(keys)
