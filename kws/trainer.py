@@ -15,8 +15,9 @@ training_config.max_epoch):
    the averaged gradient is the mean over the ranks that had data. Every utterance is used exactly once;
 3. the gradient is clipped to training_config.grad_clip (kws.preflight.DEFAULT_GRAD_CLIP, WeKws's 50,
    when absent); a step whose gradient norm is not finite is skipped (parameters and Adam state
-   untouched) and counted; more than training_config.max_nonfinite_steps (default 20) in a row stops
-   the run;
+   untouched; inside fused Adam, so the host never waits for the norm) and counted; more than
+   training_config.max_nonfinite_steps (default 20) in a row stops the run (checked at each log
+   interval: nothing is read back from the device between them);
 4. CV loss is all-reduced (sum of loss * utterances and of utterances), so every rank steps
    ReduceLROnPlateau on the same number;
 5. rank 0 writes epoch_NNN.pt, then its sidecar epoch_NNN.yaml, train_log.tsv and TensorBoard scalars.
