@@ -13,8 +13,8 @@
 #    exported), timed.
 # 3. A recipe sweep for the default model (bench/gpu_sweep.tsv), all runs at once on the one GPU, each
 #    scored on the default held-out test split: run-to-run spread (seeds) and what more training data
-#    or a larger model buys. Also the training split made 4x larger (same dev/test split: the plan draws
-#    each split from its own random stream), synthesised on the CPU while 2. runs.
+#    or a larger model buys. Where a row asks for it, the training split made 4x larger (same dev/test
+#    split: the plan draws each split from its own random stream), synthesised on the CPU while 2. runs.
 #
 # Knobs (environment; the defaults are the GPU session's):
 #   KWS_GPU_DEVICE            cuda | cpu                                         (cuda)
@@ -70,10 +70,17 @@ phase() {
 # 1. step, data path and end-to-end training figures
 phase gpu_check timeout "$check_timeout" python3 bench/gpu_check.py --device "$device" --out "$out/gpu_check.md" "${check_args[@]}"
 
-# The 4x training split of 3., synthesised in the background while the workflow runs (CPU only).
-train_big=$(python3 -c "from kws.synth import SIZES; print(4 * SIZES['$size']['train'])")
-phase synth_big python3 scripts/synthesize_corpus.py --out-dir "$results/big" --size "$size" \
-    --train-utterances "$train_big" --threads 6 &
+# The 4x training split of 3., synthesised in the background while the workflow runs (CPU only), when a
+# sweep row trains on it: at the default size it takes minutes of the session's budget.
+if grep -qP '^[^#\t]*\tbig\t' "$sweep"; then
+    train_big=$(python3 -c "from kws.synth import SIZES; print(4 * SIZES['$size']['train'])")
+    phase synth_big python3 scripts/synthesize_corpus.py --out-dir "$results/big" --size "$size" \
+        --train-utterances "$train_big" --threads 6 &
+    synth_threads=8
+else
+    synth_threads=16
+    phase synth_big echo "no sweep row of $sweep trains on the big corpus: not synthesised" &
+fi
 synth_pid=$!
 
 # 2. the workflow on the GPU
@@ -81,7 +88,7 @@ gpu=$([ "$device" = cuda ] && echo 1 || echo 0)
 printf 'results_dir: %s\ncorpus: {size: %s}\nscore: {gpu: %s}\nexperiments: {ds_tcn_small_gpu: {gpus: %s}}\n' \
     "$results" "$size" "$gpu" "$gpu" > "$out/overlay.yaml"
 phase workflow timeout "$workflow_timeout" snakemake --cores 16 --resources gpu=1 --configfile bench/gpu_config.yaml \
-    "$out/overlay.yaml" --set-threads synthesize_corpus=8 -- "$results/ds_tcn_small_gpu/metrics.json" \
+    "$out/overlay.yaml" --set-threads synthesize_corpus="$synth_threads" -- "$results/ds_tcn_small_gpu/metrics.json" \
     "$results/ds_tcn_small_gpu/export/model.onnx"
 
 # 3. the sweep
