@@ -8,8 +8,10 @@
    minutes there); GPU utilisation sampled with nvidia-smi meanwhile. Also the default model's step in
    the precision it trains in, for 3.'s ratio.
 2. The data path alone: utterances/s of the training batches (audio store slices, fbank and SpecAugment
-   on the device: kws.dataset), against the best eager step; and the host syncs (torch.cuda's sync debug
-   mode) in the trainer's loop over those batches, which should be none but the epoch's end.
+   on the device: kws.dataset), gathered from the store's copy on the GPU and, for a corpus too big for
+   it, assembled by the host, against the best eager step; that both give the same features; the host
+   syncs (torch.cuda's sync debug mode) in the trainer's loop over those batches, which should be none
+   but the epoch's end.
 3. End-to-end training through the real data path: `torchrun --nproc_per_node 1 scripts/train.py` (GPU 0,
    or `--gpus -1` on a CPU; one rank starts no process group), the workflow's way (no --pin_memory), of
    ds_tcn.yaml and of the default model (ds_tcn_small.yaml), both at batch 256. Corpus: a small synthetic
@@ -28,6 +30,7 @@ Usage: python bench/gpu_check.py [--out bench/gpu_results.md] [--device cpu]  (c
 """
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -50,7 +53,7 @@ from kws.distributed import Dist  # noqa: E402
 from kws.launch import torchrun_command  # noqa: E402
 from kws.loss import criterion, max_pooling_loss  # noqa: E402
 from kws.model import build_model, count_parameters  # noqa: E402
-from kws.trainer import NonFiniteGuard, TrainState, make_optimizer, optimizer_step, resolve_precision, train_one_epoch  # noqa: E402  # noqa: E402
+from kws.trainer import NonFiniteGuard, TrainState, make_optimizer, optimizer_step, resolve_precision, train_one_epoch  # noqa: E402
 from kws.trainlog import read_tsv  # noqa: E402
 
 WEKWS_MODEL = REPO / "config/models/ds_tcn.yaml"
@@ -143,15 +146,16 @@ def repeated_list(source, out, utterances):
     return sum(float(item["duration"]) for item in repeated) / len(repeated)
 
 
-def loader_throughput(data_list, store, dictionary, device, batch, batches=30):
+def loader_throughput(data_list, store, dictionary, device, batch, batches=30, store_on_device=True):
     """Steady-state utterances/s of the training data path (audio store slices, fbank and SpecAugment on
     `device`: kws.dataset, as the trainer builds it) over `batches` batches after the first, epochs back
-    to back."""
+    to back. `store_on_device`: batches gathered from the store's copy on the GPU (the trainer's way when
+    it fits), else assembled by the host (pinned, prefetched by a thread)."""
     conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
     dataset = KwsDataset(
         data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
     )
-    featurize = Featurizer(conf["dataset_conf"], device=device)
+    featurize = Featurizer(conf["dataset_conf"], device=device, store_on_device=store_on_device)
     count, seen, start = 0, 0, None
     for epoch in range(1, 1000):
         for _keys, feats, _lengths, _targets in featurize.batches(dataset, epoch):
@@ -167,6 +171,21 @@ def loader_throughput(data_list, store, dictionary, device, batch, batches=30):
                     torch.cuda.synchronize()
                 return count / (time.perf_counter() - start)
     return float("nan")
+
+
+def paths_agree(data_list, store, dictionary, device, batch, batches=4):
+    """Whether the features of the first `batches` batches gathered from the store's copy on the device
+    equal, bit for bit, those of host-assembled batches (same dither and SpecAugment draws)."""
+    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
+    results = []
+    for on_device in (True, False):
+        dataset = KwsDataset(
+            data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
+        )
+        featurize = Featurizer(conf["dataset_conf"], device=device, store_on_device=on_device)
+        results.append([feats.cpu() for _, feats, _, _ in itertools.islice(featurize.batches(dataset, 1), batches)])
+    same = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    return f"{'yes' if same else 'NO'} ({len(results[0])} batches of {batch})"
 
 
 def host_syncs(data_list, store, dictionary, device, batch, steps):
@@ -324,11 +343,19 @@ def main():
         dictionary = read_dictionary(data["dict"])
         best = max(step_rates.values(), default=0.0)
 
-        def measure_loader():
-            rate = loader_throughput(data["train"], data["train_store"], dictionary, device, args.batch, steps)
-            return f"{rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best eager step"
+        for on_device, how in ((True, "store on the device"), (False, "host batches, pinned and prefetched")):
 
-        table.row(f"data path alone ({WEKWS_MODEL.name} features), batch {args.batch}", measure_loader)
+            def measure_loader(on_device=on_device):
+                rate = loader_throughput(
+                    data["train"], data["train_store"], dictionary, device, args.batch, steps, on_device
+                )
+                return f"{rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best eager step"
+
+            table.row(f"data path alone ({WEKWS_MODEL.name} features), batch {args.batch}, {how}", measure_loader)
+        table.row(
+            "features of batches gathered on the device equal host batches'",
+            lambda: paths_agree(data["train"], data["train_store"], dictionary, device, args.batch),
+        )
 
         def measure_syncs():
             syncs, ran = host_syncs(data["train"], data["train_store"], dictionary, device, args.batch, steps)

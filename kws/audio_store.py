@@ -204,15 +204,37 @@ class MemoryStore:
 
     def __init__(self, items):
         self.keys = [item["key"] for item in items]
-        self.arrays = _decode_chunk([str(item["wav"]) for item in items])
+        arrays = _decode_chunk([str(item["wav"]) for item in items])
         self.row = {key: i for i, key in enumerate(self.keys)}
-        self.lengths = np.array([a.size for a in self.arrays], dtype=np.int64)
+        self.lengths = np.array([a.size for a in arrays], dtype=np.int64)
+        # One array and its offsets, as a packed store: batches gather from it the same way
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.all_samples = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int16)
 
     def __len__(self):
         return len(self.keys)
 
     def samples(self, row):
-        return self.arrays[row]
+        return self.all_samples[self.offsets[row] : self.offsets[row + 1]]
+
+
+def samples_on_device(store, device, max_share=0.25, chunk=1 << 26):
+    """The store's samples as one int16 tensor on `device` (a GPU), so that a batch is gathered there
+    (kws.dataset.gather_padded) instead of being assembled, pinned and copied by the host every step.
+    None when they would take more than `max_share` of the device's free memory: such a corpus keeps the
+    host path. Copied in chunks, so the host never holds a second copy of a big store."""
+    import torch
+
+    flat = store.all_samples
+    device = torch.device(device)
+    free, _total = torch.cuda.mem_get_info(device)
+    if flat.nbytes > max_share * free:
+        return None
+    on_device = torch.empty(flat.size, dtype=torch.int16, device=device)
+    for start in range(0, flat.size, chunk):
+        part = np.array(flat[start : start + chunk])  # a writable copy of the mapped pages
+        on_device[start : start + part.size].copy_(torch.from_numpy(part))
+    return on_device
 
 
 def open_or_build(path, data_list, items, build=False, is_builder=True, wait=lambda: None, threads=1):

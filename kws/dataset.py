@@ -32,11 +32,13 @@ identical whatever happened before (resume) and on CPU runs are bit-identical.
 """
 
 import os
+import queue
+import threading
 
 import numpy as np
 import torch
 
-from kws.audio_store import AudioStore, MemoryStore
+from kws.audio_store import AudioStore, MemoryStore, samples_on_device
 from kws.batch_augment import BatchAugment, parse_conf
 from kws.config import DEFAULT_BATCH_SIZE, DEFAULT_FILTER, DEFAULT_SHUFFLE_SIZE, DEFAULT_SORT_SIZE, DEFAULT_SPEC_AUG
 from kws.datalist import FILLER, read_data_list, require_labels
@@ -102,23 +104,88 @@ def padded_length(frames):
     return -(-int(frames) // PAD_MULTIPLE) * PAD_MULTIPLE
 
 
-def spec_augment(feats, rng, num_t_mask=1, num_f_mask=1, max_t=20, max_f=10):
-    """WeKws SpecAugment on one utterance's valid frames, in place: zero `num_t_mask` time bands
-    (1..max_t frames) and `num_f_mask` mel bands (1..max_f)."""
-    frames, dims = feats.shape
-    for _ in range(int(num_t_mask)):
-        if frames < 1 or max_t < 1:
-            break
-        start = int(rng.integers(0, frames))
-        length = int(rng.integers(1, int(max_t) + 1))
-        feats[start : min(frames, start + length), :] = 0
-    for _ in range(int(num_f_mask)):
-        if dims < 1 or max_f < 1:
-            break
-        start = int(rng.integers(0, dims))
-        length = int(rng.integers(1, int(max_f) + 1))
-        feats[:, start : min(dims, start + length)] = 0
-    return feats
+def spec_augment_masks(frames, length, dims, rng, num_t_mask=1, num_f_mask=1, max_t=20, max_f=10):
+    """WeKws SpecAugment's masks for a batch, drawn on the host: (time [B, length], mel [B, dims]) bool
+    arrays, True where the features are zeroed. Row b gets `num_t_mask` time bands (1..max_t frames)
+    inside its `frames[b]` valid frames and `num_f_mask` mel bands (1..max_f), drawn from `rng` in that
+    order, row after row. Applied by one masked fill on the device (a loop of slices there is two
+    kernel launches per utterance); the padded frames it also covers are zeros already."""
+    time_mask = np.zeros((len(frames), length), dtype=bool)
+    mel_mask = np.zeros((len(frames), dims), dtype=bool)
+    for row, count in enumerate(frames):
+        for _ in range(int(num_t_mask)):
+            if count < 1 or max_t < 1:
+                break
+            start = int(rng.integers(0, count))
+            time_mask[row, start : min(count, start + int(rng.integers(1, int(max_t) + 1)))] = True
+        for _ in range(int(num_f_mask)):
+            if dims < 1 or max_f < 1:
+                break
+            start = int(rng.integers(0, dims))
+            mel_mask[row, start : min(dims, start + int(rng.integers(1, int(max_f) + 1)))] = True
+    return time_mask, mel_mask
+
+
+def gather_padded(samples, starts, lengths):
+    """[B, longest] zero-padded rows of `samples` (one flat tensor, e.g. a store on the GPU): row b is
+    samples[starts[b] : starts[b] + lengths[b]]. `starts` and `lengths` are host arrays; a few kernels
+    on the samples' device, no host sync."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    longest = int(lengths.max()) if lengths.size else 0
+    positions = torch.arange(longest, device=samples.device)
+    index = to_device(np.asarray(starts, dtype=np.int64), samples.device)[:, None] + positions
+    valid = positions < to_device(lengths, samples.device)[:, None]
+    picked = samples[index.clamp_(max=max(samples.numel() - 1, 0))]
+    return picked.masked_fill_(~valid, 0)
+
+
+def prefetched(batches, depth=4):
+    """`batches` iterated by a background thread up to `depth` ahead: the host assembles the next
+    batches while the device computes (numpy's copies release the GIL). Errors are raised here, in
+    order; closing the generator stops the thread."""
+    ready = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def work():
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(done)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
+            put(_Failure(err))
+
+    thread = threading.Thread(target=work, name="kws-prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not done:
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _Failure:
+    def __init__(self, error):
+        self.error = error
+
+
+def pinned(batch):
+    """A host batch with its samples in pinned memory, so their copy to a GPU is queued, not waited on."""
+    keys, samples, lengths, targets = batch
+    return keys, samples.pin_memory(), lengths, targets
 
 
 class KwsDataset:
@@ -296,9 +363,20 @@ class KwsDataset:
         samples = np.zeros((len(indices), int(lengths.max())), dtype=np.int16)
         for row, (i, (start, keep)) in enumerate(zip(indices, windows)):
             samples[row, :keep] = self.store.samples(self.rows[i])[start : start + keep]
+        return self._labelled(indices, torch.from_numpy(samples), lengths)
+
+    def gathered_batch(self, indices, samples):
+        """batch(), its samples gathered from `samples`: the store's samples as one tensor (on a GPU:
+        kws.audio_store.samples_on_device), so the host only computes where each utterance starts."""
+        windows = [self.crop_window(i) for i in indices]
+        starts = np.array([self.store.offsets[self.rows[i]] + start for i, (start, _) in zip(indices, windows)])
+        lengths = np.array([keep for _, keep in windows], dtype=np.int64)
+        return self._labelled(indices, gather_padded(samples, starts, lengths), lengths)
+
+    def _labelled(self, indices, samples, lengths):
         return (
             [self.items[i]["key"] for i in indices],
-            torch.from_numpy(samples),
+            samples,
             torch.from_numpy(lengths),
             torch.tensor([self.labels[i] for i in indices]),
         )
@@ -313,7 +391,7 @@ class Featurizer:
     seeded by (seed, epoch, rank, batch index). Frames are zero-padded to a multiple of PAD_MULTIPLE.
     Each utterance's frame count stays on the host (what the trainer reads there costs no sync)."""
 
-    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu"):
+    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu", store_on_device=True):
         self.conf = dict(dataset_conf or {})
         self.fbank_conf = fbank_conf_of(self.conf)
         self.dither = float(self.fbank_conf.get("dither", 0.0))
@@ -323,6 +401,8 @@ class Featurizer:
         self.device = torch.device(device)
         augment = parse_conf(self.conf.get("batch_augment"))
         self.augment = BatchAugment(augment, self.device) if augment else None
+        # (store, its samples on the GPU, or None where too big: the host path); False: always the host path
+        self._on_device = None if store_on_device else False
 
     def __call__(self, batch, epoch, index):
         keys, samples, lengths, targets = batch
@@ -342,8 +422,9 @@ class Featurizer:
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
-            for row, count in enumerate(frames.tolist()):
-                spec_augment(feats[row, :count], rng, **conf)
+            time_mask, mel_mask = spec_augment_masks(frames.tolist(), feats.shape[1], feats.shape[2], rng, **conf)
+            time_mask, mel_mask = to_device(time_mask, self.device), to_device(mel_mask, self.device)
+            feats.masked_fill_(time_mask[:, :, None] | mel_mask[:, None, :], 0)
         extra = padded_length(feats.shape[1]) - feats.shape[1]
         if extra:
             feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))
@@ -362,7 +443,21 @@ class Featurizer:
         return feats
 
     def batches(self, dataset, epoch):
-        """The dataset's batches of `epoch`, featurised."""
+        """The dataset's batches of `epoch`, featurised. On a GPU the samples come from the store's copy
+        there (uploaded at the first epoch) when it fits, else from host batches assembled and pinned
+        by a background thread; on a CPU from host batches, in this thread."""
         dataset.set_epoch(epoch)
-        for index, batch in enumerate(dataset):
+        if self.device.type != "cuda":
+            host = iter(dataset)
+        elif self._on_device is not False and (on_device := self._store_on_device(dataset.store)) is not None:
+            host = (dataset.gathered_batch(indices, on_device) for indices in dataset.plan())
+        else:
+            host = prefetched(map(pinned, dataset))
+        for index, batch in enumerate(host):
             yield self(batch, epoch, index)
+
+    def _store_on_device(self, store):
+        if self._on_device is None or self._on_device[0] is not store:
+            self._on_device = None  # one store at a time: free the last one's copy first
+            self._on_device = (store, samples_on_device(store, self.device))
+        return self._on_device[1]

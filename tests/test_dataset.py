@@ -3,6 +3,7 @@ batches featurised on the batch equal to per-utterance features."""
 
 import collections
 import json
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,15 @@ import torch
 
 from helpers_train import TINY_CONFIG, make_split
 from kws.audio import read_wav, write_wav
-from kws.dataset import Featurizer, KwsDataset, cv_dataset_conf, shard_order, spec_augment
+from kws.dataset import (
+    Featurizer,
+    KwsDataset,
+    cv_dataset_conf,
+    gather_padded,
+    prefetched,
+    shard_order,
+    spec_augment_masks,
+)
 from kws.errors import KwsError
 from kws.features import compute_fbank
 
@@ -204,15 +213,58 @@ def test_dynamic_batches_respect_frame_budget(train_list):
     assert all(b[1].shape[0] * b[1].shape[1] <= 150 or b[1].shape[0] == 1 for b in batches[0])
 
 
-def test_spec_augment_masks_bands():
-    import numpy as np
+def test_spec_augment_masks_bands_inside_each_rows_frames():
+    rng = np.random.default_rng(0)
+    frames = [50, 30, 0]
+    time_mask, mel_mask = spec_augment_masks(frames, 64, 16, rng, num_t_mask=2, num_f_mask=1, max_t=5, max_f=3)
+    assert time_mask.shape == (3, 64) and mel_mask.shape == (3, 16)
+    for row, count in enumerate(frames[:2]):
+        assert 1 <= time_mask[row].sum() <= 10 and not time_mask[row, count:].any()
+        assert 1 <= mel_mask[row].sum() <= 3
+    assert not time_mask[2].any()  # no valid frame, no time band
 
-    feats = torch.ones(50, 16)
-    out = spec_augment(feats, np.random.default_rng(0), num_t_mask=2, num_f_mask=1, max_t=5, max_f=3)
-    assert out is feats  # in place: it masks the valid frames of a row of the batch
-    zero_rows = (out == 0).all(dim=1).sum().item()
-    zero_cols = (out == 0).all(dim=0).sum().item()
-    assert 1 <= zero_rows <= 10 and 1 <= zero_cols <= 3
+
+def test_batch_gathered_from_the_store_equals_the_host_batch(train_list):
+    """The GPU's way to a batch (kws.dataset.gather_padded from the store's samples as one tensor)
+    gives the very samples of the host's, long negatives' crop windows included."""
+    data_list, _ = train_list
+    dataset = KwsDataset(data_list, conf(crop_negatives=40, batch_conf={"batch_size": 4}), seed=666)
+    flat = torch.from_numpy(dataset.store.all_samples)
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        for indices in dataset.plan():
+            host, gathered = dataset.batch(indices), dataset.gathered_batch(indices, flat)
+            assert host[0] == gathered[0] and torch.equal(host[2], gathered[2]) and torch.equal(host[3], gathered[3])
+            assert gathered[1].dtype == torch.int16 and torch.equal(host[1], gathered[1])
+    edge = gather_padded(torch.arange(1, 6, dtype=torch.int16), [3, 0], [2, 1])  # a row ending at the last sample
+    assert edge.tolist() == [[4, 5], [1, 0]]
+
+
+def test_prefetched_keeps_order_raises_in_place_and_stops_when_closed():
+    assert list(prefetched(iter(range(50)), depth=2)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise KwsError("bad batch")
+
+    got = []
+    with pytest.raises(KwsError, match="bad batch"):
+        for item in prefetched(failing()):
+            got.append(item)
+    assert got == [1]
+    pulled = []
+
+    def endless():
+        while True:
+            pulled.append(1)
+            yield len(pulled)
+
+    stream = prefetched(endless(), depth=2)
+    assert next(stream) == 1
+    stream.close()  # the thread stops instead of running on
+    count = len(pulled)
+    time.sleep(0.3)
+    assert count <= 5 and len(pulled) == count
 
 
 def test_long_negatives_train_on_a_window_that_moves_each_epoch(train_list):

@@ -85,9 +85,10 @@ def test_gpu_session_runs_on_cpu(tmp_path):
     for mode in ("fp32", "bf16"):
         assert re.fullmatch(r"\d+ utt/s", rows[f"{step}, {mode}"]), rows
     assert rows[f"{step}, compile"] == "skipped on CPU"
-    assert re.fullmatch(
-        r"\d+ utt/s = [\d.]+x the best eager step", rows["data path alone (ds_tcn.yaml features), batch 8"]
-    )
+    for how in ("store on the device", "host batches, pinned and prefetched"):
+        loader = rows[f"data path alone (ds_tcn.yaml features), batch 8, {how}"]
+        assert re.fullmatch(r"\d+ utt/s = [\d.]+x the best eager step", loader)
+    assert rows["features of batches gathered on the device equal host batches'"].startswith("yes ")
     for model in ("ds_tcn.yaml (287 K)", "ds_tcn_small.yaml (28 K)"):
         # exactly one row per model; its last cell is the precision the trainer resolved on this CPU
         [(what, figure)] = [
