@@ -12,7 +12,7 @@ import torch
 
 from helpers_train import TINY_CONFIG, make_corpus, make_split, train_argv, write_config
 from kws.audio import read_wav
-from kws.audio_store import AudioStore, build_store
+from kws.audio_store import AudioStore, MemoryStore, build_store, samples_on_device
 from kws.dataset import Featurizer, KwsDataset
 from kws.errors import KwsError
 
@@ -55,6 +55,20 @@ def test_batches_from_a_store_equal_batches_from_the_wavs(corpus, world_size):
             assert [x[0] for x in a] == [x[0] for x in b] and a
             for (_, fa, la, ta), (_, fb, lb, tb) in zip(a, b):
                 assert torch.equal(la, lb) and torch.equal(ta, tb) and torch.equal(fa, fb)
+
+
+@pytest.mark.parametrize("kind", ["packed", "memory"])
+def test_store_copied_to_the_device_only_where_it_fits(corpus, monkeypatch, kind):
+    """samples_on_device copies the whole store in chunks (the GPU's copy that batches are gathered from)
+    and declines, leaving the host path, when it would take over a quarter of the free memory."""
+    data_list, items, store_dir = corpus
+    store = AudioStore(store_dir, data_list=data_list, items=items) if kind == "packed" else MemoryStore(items)
+    nbytes = store.all_samples.nbytes
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * nbytes, 8 * nbytes))
+    copied = samples_on_device(store, "cpu", chunk=1000)  # a CPU stands in for the GPU: same code
+    assert copied.dtype == torch.int16 and torch.equal(copied, torch.from_numpy(np.array(store.all_samples)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * nbytes - 1, 8 * nbytes))
+    assert samples_on_device(store, "cpu") is None
 
 
 def test_missing_and_corrupt_store_errors(corpus, tmp_path):
