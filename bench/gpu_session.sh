@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One session on a lent CUDA machine (at most about 11 minutes: phases capped at 150, 180 and 300 s), from
+# One session on a lent CUDA machine (at most about 9 minutes, so one 10-minute call of a 15-minute lease
+# holds it: phases capped at 180, 170 and 170 s), from
 # the repository root:
 #
 #   bash bench/gpu_session.sh OUT_DIR
@@ -22,9 +23,9 @@
 #   KWS_GPU_RESULTS           results folder of 2. and 3.                        (results_gpu)
 #   KWS_GPU_CHECK_ARGS        more arguments of bench/gpu_check.py, split on spaces (none)
 #   KWS_GPU_SWEEP             the sweep file of 3.                               (bench/gpu_sweep.tsv)
-#   KWS_GPU_CHECK_TIMEOUT     seconds before 1. is stopped                       (150)
-#   KWS_GPU_WORKFLOW_TIMEOUT  seconds before 2. is stopped                       (180)
-#   KWS_SWEEP_DEADLINE        seconds before 3.'s unfinished runs are stopped    (300)
+#   KWS_GPU_CHECK_TIMEOUT     seconds before 1. is stopped                       (180; it took 107 s)
+#   KWS_GPU_WORKFLOW_TIMEOUT  seconds before 2. is stopped                       (170)
+#   KWS_SWEEP_DEADLINE        seconds before 3.'s unfinished runs are stopped    (170)
 # The CPU readiness run of tests/test_gpu_session.py (a few minutes on 2 cores) sets them all; its limits
 # are loose, as a shared CPU may be slow, and only a GPU's budget needs them tight:
 #   KWS_GPU_DEVICE=cpu KWS_GPU_SIZE=tiny KWS_GPU_RESULTS=/tmp/r KWS_GPU_SWEEP=one_run.tsv \
@@ -49,9 +50,9 @@ results=${KWS_GPU_RESULTS:-results_gpu}
 size=${KWS_GPU_SIZE:-default}
 device=${KWS_GPU_DEVICE:-cuda}
 sweep=${KWS_GPU_SWEEP:-bench/gpu_sweep.tsv}
-check_timeout=${KWS_GPU_CHECK_TIMEOUT:-150}
-workflow_timeout=${KWS_GPU_WORKFLOW_TIMEOUT:-180}
-deadline=${KWS_SWEEP_DEADLINE:-300}
+check_timeout=${KWS_GPU_CHECK_TIMEOUT:-180}
+workflow_timeout=${KWS_GPU_WORKFLOW_TIMEOUT:-170}
+deadline=${KWS_SWEEP_DEADLINE:-170}
 read -ra check_args <<< "${KWS_GPU_CHECK_ARGS:-}"
 { date; nvidia-smi -L; python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"; nproc; } \
