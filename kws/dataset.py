@@ -401,8 +401,9 @@ class Featurizer:
         self.device = torch.device(device)
         augment = parse_conf(self.conf.get("batch_augment"))
         self.augment = BatchAugment(augment, self.device) if augment else None
-        # (store, its samples on the GPU, or None where too big: the host path); False: always the host path
-        self._on_device = None if store_on_device else False
+        # On a GPU, batches are gathered from a copy of the store there (False: always the host path)
+        self.store_on_device = bool(store_on_device)
+        self._device_copy = None  # (store, its samples on the GPU, or None where they do not fit)
 
     def __call__(self, batch, epoch, index):
         keys, samples, lengths, targets = batch
@@ -449,15 +450,15 @@ class Featurizer:
         dataset.set_epoch(epoch)
         if self.device.type != "cuda":
             host = iter(dataset)
-        elif self._on_device is not False and (on_device := self._store_on_device(dataset.store)) is not None:
+        elif self.store_on_device and (on_device := self._device_samples(dataset.store)) is not None:
             host = (dataset.gathered_batch(indices, on_device) for indices in dataset.plan())
         else:
             host = prefetched(map(pinned, dataset))
         for index, batch in enumerate(host):
             yield self(batch, epoch, index)
 
-    def _store_on_device(self, store):
-        if self._on_device is None or self._on_device[0] is not store:
-            self._on_device = None  # one store at a time: free the last one's copy first
-            self._on_device = (store, samples_on_device(store, self.device))
-        return self._on_device[1]
+    def _device_samples(self, store):
+        if self._device_copy is None or self._device_copy[0] is not store:
+            self._device_copy = None  # one store at a time: free the last one's copy first
+            self._device_copy = (store, samples_on_device(store, self.device))
+        return self._device_copy[1]
