@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from kws.checkpoint import checkpoint_name, load_model, load_payload  # noqa: E402
 from kws.datalist import keyword_names, read_data_list, read_dictionary  # noqa: E402
 from kws.features import fbank_conf_of, inference_fbank  # noqa: E402
-from kws.phones import BLANK, PhoneCTCModel  # noqa: E402
+from kws.phones import PhoneCTCModel, keyword_path_scores  # noqa: E402
 from kws.score import format_line, utterance_features  # noqa: E402
 
 
@@ -46,29 +46,6 @@ def keyword_phones(train_items, tokens):
         )
         result[token] = counts.most_common(1)[0][0].split()
     return result
-
-
-def free_start_viterbi(log_probs, labels):
-    """[T] scores of the best CTC path over `labels` (class ids) ending at each frame, started anywhere,
-    each frame counted relative to that frame's best class."""
-    relative = log_probs - log_probs.max(axis=1, keepdims=True)
-    states = [BLANK]
-    for label in labels:
-        states += [label, BLANK]
-    states = np.array(states)
-    skip = np.zeros(len(states), dtype=bool)
-    skip[2:] = (states[2:] != BLANK) & (states[2:] != states[:-2])
-    emit = relative[:, states]
-    delta = np.full(len(states), -np.inf)
-    out = np.empty(log_probs.shape[0])
-    for t in range(log_probs.shape[0]):
-        best = delta.copy()
-        best[1:] = np.maximum(best[1:], delta[:-1])
-        best[2:] = np.where(skip[2:], np.maximum(best[2:], delta[:-2]), best[2:])
-        best[:2] = np.maximum(best[:2], 0.0)  # a path may start here
-        delta = best + emit[t]
-        out[t] = max(delta[-1], delta[-2])
-    return out
 
 
 def load_with_head(checkpoint, model_dir, head_epochs):
@@ -110,7 +87,7 @@ def main():
             posteriors = torch.sigmoid(keyword_logits)[0].numpy()
             log_probs = torch.log_softmax(phone_logits[0].float(), -1).numpy()
             for k, token in enumerate(tokens):
-                check = np.exp(free_start_viterbi(log_probs, labels[token]) / len(labels[token]))
+                check = np.exp(keyword_path_scores(log_probs, labels[token]) / len(labels[token]))
                 for alpha, out in outs.items():
                     out.write(format_line(item["key"], token, posteriors[:, k] * check**alpha))
     for out in outs.values():

@@ -15,6 +15,7 @@ tone digits dropped) and make_list copies it into data.list as `phones` (space-s
 have none and train as before.
 """
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,3 +81,31 @@ def phone_ctc_loss(phone_logits, lengths, keys, targets):
         reduction="mean",
         zero_infinity=True,  # an utterance sped up below one frame per phoneme: no gradient, not inf
     )
+
+
+def keyword_path_scores(log_probs, labels):
+    """[T] scores of the best CTC path over `labels` (phoneme class ids, as phone_targets numbers them)
+    that ends at each frame t (on the last label or the blank after it), started at any frame: a
+    free-start Viterbi over the keyword's CTC topology. Each frame of a path counts
+    log_probs[t, label] - max_c log_probs[t, c], so a path the head itself would take scores 0 and every
+    other one less. Causal (frame t reads frames <= t only), O(2 len(labels) + 1) a frame: a streaming
+    detector can run it. `log_probs`: [T, classes] numpy log-probabilities of the phoneme head.
+    (bench/probe_phone_verify.py uses it as a second-stage check of each keyword firing.)"""
+    relative = log_probs - log_probs.max(axis=1, keepdims=True)
+    states = [BLANK]
+    for label in labels:
+        states += [int(label), BLANK]
+    states = np.array(states)
+    skip = np.zeros(len(states), dtype=bool)
+    skip[2:] = (states[2:] != BLANK) & (states[2:] != states[:-2])  # blank between distinct labels may go
+    emit = relative[:, states]
+    delta = np.full(len(states), -np.inf)
+    scores = np.empty(log_probs.shape[0])
+    for t in range(log_probs.shape[0]):
+        best = delta.copy()
+        best[1:] = np.maximum(best[1:], delta[:-1])
+        best[2:] = np.where(skip[2:], np.maximum(best[2:], delta[:-2]), best[2:])
+        best[:2] = np.maximum(best[:2], 0.0)  # a path may start at this frame
+        delta = best + emit[t]
+        scores[t] = max(delta[-1], delta[-2])
+    return scores

@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
 from kws import checkpoint as ckpt
 from kws import trainer
 from kws.errors import KwsError
-from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
+from kws.phones import PhoneCTCModel, keyword_path_scores, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.synth.phrases import phone_string
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,3 +194,26 @@ def test_phone_ctc_under_ddp_with_uneven_shards(phone_corpus):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     payload = torch.load(root / "ddp" / "epoch_001.pt", weights_only=True)
     assert "phone_head" in payload and not any(k.startswith("module.") for k in payload["phone_head"])
+
+
+def test_keyword_path_scores_reward_the_keyword_said_and_nothing_else():
+    """The phoneme head's check of a keyword (kws.phones.keyword_path_scores): 0 at the frame where the
+    head has just said the keyword's phonemes in order, below 0 where a phoneme is missing or swapped, and
+    causal (a frame's score never reads later frames)."""
+
+    def head_saying(classes, num_classes=6, sure=0.9):
+        """log-probs of a head that says `classes` (0: blank) frame by frame, `sure` on each."""
+        probs = np.full((len(classes), num_classes), (1 - sure) / (num_classes - 1))
+        probs[np.arange(len(classes)), classes] = sure
+        return np.log(probs)
+
+    keyword = [1, 2, 2, 3]  # a repeated phoneme needs a blank between its two frames
+    said = head_saying([0, 1, 1, 0, 2, 0, 2, 3, 0, 0])
+    scores = keyword_path_scores(said, keyword)
+    assert scores[7] == pytest.approx(0.0) and scores[8] == pytest.approx(0.0)  # at its last phoneme, then blank
+    assert np.all(scores[:7] < -1.0)  # before the keyword is complete
+    missing_last = keyword_path_scores(head_saying([0, 1, 0, 2, 0, 2, 0, 0]), keyword)
+    swapped = keyword_path_scores(head_saying([0, 1, 0, 2, 0, 2, 4, 0]), keyword)
+    assert missing_last.max() < -1.0 and swapped.max() < -1.0
+    longer = np.concatenate([said, head_saying([4, 5, 4])])
+    assert np.array_equal(keyword_path_scores(longer, keyword)[: len(said)], scores)  # causal
