@@ -146,16 +146,21 @@ def repeated_list(source, out, utterances):
     return sum(float(item["duration"]) for item in repeated) / len(repeated)
 
 
+def training_data(data_list, store, dictionary, device, batch, store_on_device=True):
+    """(KwsDataset, Featurizer) of the trainer's data path for ds_tcn.yaml's dataset_conf at `batch`."""
+    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
+    dataset = KwsDataset(
+        data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
+    )
+    return dataset, Featurizer(conf["dataset_conf"], device=device, store_on_device=store_on_device)
+
+
 def loader_throughput(data_list, store, dictionary, device, batch, batches=30, store_on_device=True):
     """Steady-state utterances/s of the training data path (audio store slices, fbank and SpecAugment on
     `device`: kws.dataset, as the trainer builds it) over `batches` batches after the first, epochs back
     to back. `store_on_device`: batches gathered from the store's copy on the GPU (the trainer's way when
     it fits), else assembled by the host (pinned, prefetched by a thread)."""
-    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
-    dataset = KwsDataset(
-        data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
-    )
-    featurize = Featurizer(conf["dataset_conf"], device=device, store_on_device=store_on_device)
+    dataset, featurize = training_data(data_list, store, dictionary, device, batch, store_on_device)
     count, seen, start = 0, 0, None
     for epoch in range(1, 1000):
         for _keys, feats, _lengths, _targets in featurize.batches(dataset, epoch):
@@ -176,13 +181,9 @@ def loader_throughput(data_list, store, dictionary, device, batch, batches=30, s
 def paths_agree(data_list, store, dictionary, device, batch, batches=4):
     """Whether the features of the first `batches` batches gathered from the store's copy on the device
     equal, bit for bit, those of host-assembled batches (same dither and SpecAugment draws)."""
-    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
     results = []
     for on_device in (True, False):
-        dataset = KwsDataset(
-            data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
-        )
-        featurize = Featurizer(conf["dataset_conf"], device=device, store_on_device=on_device)
+        dataset, featurize = training_data(data_list, store, dictionary, device, batch, on_device)
         results.append([feats.cpu() for _, feats, _, _ in itertools.islice(featurize.batches(dataset, 1), batches)])
     same = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
     return f"{'yes' if same else 'NO'} ({len(results[0])} batches of {batch})"

@@ -19,6 +19,7 @@ is the head's own best). v_k(t) = exp(score / |P_k|), and the written score is p
 
 import argparse
 import collections
+import contextlib
 import sys
 from pathlib import Path
 
@@ -28,9 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kws.average import average_state_dicts  # noqa: E402
 from kws.checkpoint import checkpoint_name, load_model, load_payload  # noqa: E402
 from kws.datalist import keyword_names, read_data_list, read_dictionary  # noqa: E402
 from kws.features import fbank_conf_of, inference_fbank  # noqa: E402
+from kws.fileio import atomic_open  # noqa: E402
 from kws.phones import PhoneCTCModel, keyword_path_scores  # noqa: E402
 from kws.score import format_line, utterance_features  # noqa: E402
 
@@ -53,8 +56,7 @@ def load_with_head(checkpoint, model_dir, head_epochs):
     if head_epochs:
         heads = [load_payload(Path(model_dir) / checkpoint_name(e)) for e in head_epochs]
         phones = heads[0]["phones"]
-        state = {k: sum(h["phone_head"][k].double() for h in heads) / len(heads) for k in heads[0]["phone_head"]}
-        state = {k: v.float() for k, v in state.items()}
+        state = average_state_dicts([h["phone_head"] for h in heads], [f"epoch {e}" for e in head_epochs])
     else:
         phones, state = payload["phones"], payload["phone_head"]
     wrapped = PhoneCTCModel(model, len(phones))
@@ -80,8 +82,8 @@ def main():
     labels = {token: [class_of[x] for x in phones[token]] for token in tokens}
     fbank_conf = inference_fbank(fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {}))
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    outs = {a: open(args.out_dir / f"score_a{a:g}.txt", "w") for a in args.alphas}
-    with torch.no_grad():
+    with contextlib.ExitStack() as files, torch.no_grad():
+        outs = {a: files.enter_context(atomic_open(args.out_dir / f"score_a{a:g}.txt")) for a in args.alphas}
         for item in read_data_list(args.test_data, dictionary=dictionary):
             keyword_logits, phone_logits = model(utterance_features(item, fbank_conf)[None])
             posteriors = torch.sigmoid(keyword_logits)[0].numpy()
@@ -90,8 +92,6 @@ def main():
                 check = np.exp(keyword_path_scores(log_probs, labels[token]) / len(labels[token]))
                 for alpha, out in outs.items():
                     out.write(format_line(item["key"], token, posteriors[:, k] * check**alpha))
-    for out in outs.values():
-        out.close()
     print(f"keyword phonemes: {phones}; scores in {args.out_dir}")
 
 
