@@ -18,7 +18,9 @@ Tensor rules (`average_state_dicts`):
 * every checkpoint must have the same keys, shapes and dtypes (else KwsError).
 
 The result has the checkpoint layout that `kws.checkpoint.load_model` reads (`model`, `config`,
-`num_keywords`, `input_dim`) with ``epoch: "avg"`` and ``averaged_epochs``; it is written
+`num_keywords`, `input_dim`) with ``epoch: "avg"`` and ``averaged_epochs``; checkpoints trained with
+the phoneme head (training_config.phone_ctc) give it their `phone_head` averaged by the same rules, with
+`phones` and `keyword_phones` (equal in every epoch), for the phoneme check at scoring. It is written
 atomically, and a sidecar `<out>.yaml` lists the epochs, their cv losses and files.
 """
 
@@ -32,6 +34,8 @@ from kws.errors import KwsError
 
 SIDECAR_RE = re.compile(r"^epoch_(\d+)\.yaml$")
 MODES = ("best", "last")
+# training_config.phone_ctc's phoneme classes and each keyword's phonemes: equal in every averaged epoch
+PHONE_KEYS = ("phones", "keyword_phones")
 
 
 def _read_sidecar(path):
@@ -209,21 +213,23 @@ def average_checkpoints(model_dir, num, mode="best", out=None):
     memory stays at about two models whatever `num` is.
     """
     chosen = select_epochs(finished_epochs(model_dir), num, mode)
-    acc = _Accumulator()
+    acc, heads = _Accumulator(), _Accumulator()
     meta = None
     for entry in chosen:
         path = entry["checkpoint"]
         payload = load_payload(path)
         if meta is None:
-            meta = {key: payload.get(key) for key in ("config", "num_keywords", "input_dim")}
+            meta = {key: payload.get(key) for key in ("config", "num_keywords", "input_dim", *PHONE_KEYS)}
             meta["path"] = path
         else:
-            for key in ("num_keywords", "input_dim"):
+            for key in ("num_keywords", "input_dim", *PHONE_KEYS):
                 if payload.get(key) != meta[key]:
                     raise KwsError(f"{path}: {key} {payload.get(key)!r} differs from {meta[key]!r} in {meta['path']}")
             if payload.get("config") is not None:
                 meta["config"] = payload["config"]  # the newest epoch's config (all should be equal)
         acc.add(payload["model"], str(path))
+        if payload.get("phone_head") is not None:  # the phoneme head, averaged like the model
+            heads.add(payload["phone_head"], str(path))
         del payload
     averaged = acc.result()
     epochs = [e["epoch"] for e in chosen]
@@ -239,6 +245,8 @@ def average_checkpoints(model_dir, num, mode="best", out=None):
         "averaged_cv_losses": cv_losses,
         "average_mode": mode,
     }
+    if meta["phones"]:
+        result.update(phones=meta["phones"], keyword_phones=meta["keyword_phones"], phone_head=heads.result())
     if out is not None:
         write_average(result, chosen, out)
     return result

@@ -8,7 +8,9 @@ Audio is processed in chunks of --chunk-ms: fbank frames are computed incrementa
 (`kws.streaming_fbank`, the same `compute_fbank` as training and scoring, with the
 exported inference settings: no random dither, its expected power), the model runs on
 the new frames carrying its cache, so the frame posteriors equal offline scoring of the whole file.
-A keyword is detected at the first frame whose posterior reaches its threshold; further frames of the
+A model exported with the phoneme check (config score.phone_check) also outputs its phoneme head, and the
+detector checks each keyword's posteriors with it as scoring did (kws.phones.PhoneCheck, carried across
+chunks). A keyword is detected at the first frame whose posterior reaches its threshold; further frames of the
 same keyword are ignored for --refractory seconds after a detection (each keyword separately).
 
 Output, one line per detection: `keyword time_seconds score` (time = end of the detecting frame, i.e.
@@ -25,6 +27,7 @@ import sys
 import numpy as np
 
 from kws.errors import KwsError, cli
+from kws.phones import PhoneCheck
 from kws.streaming_fbank import StreamingFbank
 
 DEFAULT_CHUNK_MS = 100
@@ -56,6 +59,8 @@ class Detector:
         frame_seconds = self.fbank.frame_shift / self.fbank.sample_rate
         self.refractory_frames = int(round(refractory / frame_seconds))
         self.keep_posteriors = keep_posteriors
+        check = self.meta.get("phone_check")
+        self.check = PhoneCheck(check["labels"], check["alpha"]) if check else None  # as scoring had it
         self.reset()
 
     def reset(self):
@@ -65,6 +70,7 @@ class Detector:
         self.frame = 0  # frames consumed so far
         self.last = np.full(len(self.keywords), -(1 << 62), dtype=np.int64)
         self._posteriors = []
+        self.check_state = self.check.init_state() if self.check else None
 
     def accept(self, samples):
         """Process float samples in [-1, 1]; return a list of detection dicts (keyword, index, time, score, frame)."""
@@ -74,6 +80,8 @@ class Detector:
             return []
         posteriors, self.cache = self.runner.run(feats.unsqueeze(0), self.cache)
         posteriors = np.asarray(posteriors)[0]
+        if self.check is not None:  # the model's outputs after the posteriors: its phoneme head
+            posteriors, self.check_state = self.check.apply(posteriors, self.check_state)
         if self.keep_posteriors:
             self._posteriors.append(posteriors.copy())
         detections = self.decide(posteriors, self.frame)

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from kws.errors import KwsError
 from kws.features import fbank_conf_of, inference_fbank
+from kws.model import StreamingWrapper
+from kws.phones import PhoneOutputs, inference_network
 from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
 from kws.runners import quiet_warnings as _quiet
 from kws.tables import DEFAULT_FA_TARGET, recommended_thresholds  # noqa: F401 (export's API)
@@ -39,23 +40,12 @@ DEFAULT_CHUNKS = (1, 10, 37)  # frames per step in the chunked check
 SAMPLE_RATE = 16000
 
 
-class StreamingWrapper(nn.Module):
-    """forward(feats, cache) -> (sigmoid(logits), new_cache): what the exports compute."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, feats: torch.Tensor, cache: torch.Tensor):
-        logits, new_cache = self.model(feats, cache)
-        return torch.sigmoid(logits), new_cache
-
-
 # --------------------------------------------------------------------------- metadata
 
 
-def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
-    """The metadata stored with both exports (plain JSON-able data)."""
+def build_metadata(model, config, keywords, thresholds, threshold_sources=None, phone_check=None):
+    """The metadata stored with both exports (plain JSON-able data). phone_check: the description
+    kws.phones.inference_network gives of the phoneme check, when the export runs it."""
     if len(keywords) != model.num_keywords:
         raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
     cache = model.init_cache(1)
@@ -73,6 +63,7 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
     )
     if int(fbank["num_mel_bins"]) != model.input_dim:
         raise KwsError(f"config fbank num_mel_bins {fbank['num_mel_bins']} != model input_dim {model.input_dim}")
+    outputs = int(model.num_keywords) + (int(phone_check["classes"]) if phone_check else 0)
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -81,8 +72,15 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None):
         "input_dim": int(model.input_dim),
         "cache_shape": list(cache.shape),
         "inputs": {"feats": [1, "T", int(model.input_dim)], "cache": list(cache.shape)},
-        "outputs": {"posteriors": [1, "T", int(model.num_keywords)], "new_cache": list(cache.shape)},
-        "posteriors": "sigmoid(logits), per frame and keyword",
+        "outputs": {"posteriors": [1, "T", outputs], "new_cache": list(cache.shape)},
+        "posteriors": "sigmoid(logits), per frame and keyword"
+        + (
+            "; then, with phone_check, each phoneme class's probability relative to the frame's best: "
+            "the detector's kws.phones.PhoneCheck turns them into checked scores"
+            if phone_check
+            else ""
+        ),
+        **({"phone_check": phone_check} if phone_check else {}),
         "fbank": fbank,
         "thresholds": {kw: float(thresholds[kw]) for kw in keywords},
         "threshold_sources": dict(threshold_sources or {}),
@@ -163,8 +161,8 @@ class EagerRunner(TorchScriptRunner):
 
     backend = "pytorch"
 
-    def __init__(self, model, meta):
-        self.module = StreamingWrapper(model).eval()
+    def __init__(self, model, meta, phone_head=None):
+        self.module = (StreamingWrapper(model) if phone_head is None else PhoneOutputs(model, phone_head)).eval()
         self.meta = meta
 
 
@@ -238,17 +236,20 @@ def export_artifacts(
     extra_report=None,
     threads=1,
     deployed=None,
+    phone_head=None,
 ):
     """Write model.onnx, model.pt and export.json into `out_dir` after verifying both exports.
 
     deployed: a function of the ONNX file's path that scores the deployed detector (kws.deployed) and
     raises KwsError when it disagrees with offline scoring; its report goes into export.json and deployed.md.
-    Everything is built under temporary names and renamed only when the checks pass."""
+    phone_head: the phoneme head whose relative probabilities the exports output after the posteriors (meta's
+    phone_check). Everything is built under temporary names and renamed only when the checks pass."""
     from kws.fileio import atomic_open, atomic_path, ensure_dir
 
     out_dir = ensure_dir(out_dir)
     model = model.eval()
-    wrapper = StreamingWrapper(model).eval()
+    reference = EagerRunner(model, meta, phone_head)
+    wrapper = reference.module
     with atomic_path(out_dir / "model.onnx") as onnx_tmp, atomic_path(out_dir / "model.pt") as ts_tmp:
         write_onnx(wrapper, meta, onnx_tmp, opset=opset)
         how = write_torchscript(wrapper, meta, ts_tmp)
@@ -256,7 +257,7 @@ def export_artifacts(
         for runner in runners:
             if runner.meta != json.loads(json.dumps(meta)):
                 raise KwsError(f"export check failed: {runner.backend} metadata did not round-trip")
-        diffs = verify_exports(EagerRunner(model, meta), runners, utterances, chunks, tolerance)
+        diffs = verify_exports(reference, runners, utterances, chunks, tolerance)
         deployed_report = deployed(onnx_tmp) if deployed else None
         report = {
             **(extra_report or {}),
@@ -335,11 +336,13 @@ def export_model(
     window_shift=50,
     chunk_ms=100,
     workers=1,
+    phone_check=0.0,
 ):
     """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report.
 
     score: the offline score.txt of test_data; given, the exported ONNX model also runs as kws-detect does
-    over the whole of test_data and must agree with it (kws.deployed)."""
+    over the whole of test_data and must agree with it (kws.deployed). phone_check: alpha of the phoneme
+    check (kws.phones), as scoring had it; the exports then output the phoneme head too."""
     from kws.checkpoint import load_model
     from kws.datalist import keyword_names, read_dictionary
 
@@ -352,8 +355,14 @@ def export_model(
     if len(keywords) != model.num_keywords:
         raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
     chosen = recommended_thresholds(metrics, keywords, fa_target, negatives=negatives)
+    network, _, check_meta = inference_network(model, payload, phone_check, checkpoint)
     meta = build_metadata(
-        model, config, keywords, {k: v[0] for k, v in chosen.items()}, {k: v[1] for k, v in chosen.items()}
+        model,
+        config,
+        keywords,
+        {k: v[0] for k, v in chosen.items()},
+        {k: v[1] for k, v in chosen.items()},
+        phone_check=check_meta,
     )
     utterances = verification_features(test_data, meta["fbank"], num_utts, dictionary)
     extra = {
@@ -374,5 +383,13 @@ def export_model(
             )
 
     return export_artifacts(
-        model, meta, out_dir, utterances, tolerance=tolerance, opset=opset, extra_report=extra, deployed=deployed
+        model,
+        meta,
+        out_dir,
+        utterances,
+        tolerance=tolerance,
+        opset=opset,
+        extra_report=extra,
+        deployed=deployed,
+        phone_head=network.phone_head if check_meta else None,
     )

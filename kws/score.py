@@ -1,7 +1,9 @@
 """Scoring: per-frame keyword posteriors of every test utterance, written as WeKws's score.txt.
 
 `score.txt` has one line per utterance and keyword, in data.list order and keyword-id order:
-`key KEYWORD_TOKEN p_1 ... p_T` — sigmoid posteriors of the T valid frames, 6 decimals.
+`key KEYWORD_TOKEN p_1 ... p_T` — sigmoid posteriors of the T valid frames, 6 decimals; with
+`phone_check` (alpha > 0, a checkpoint trained with the phoneme head) each checked by the head as
+kws.phones.PhoneCheck does, each utterance from its first frame (as the detector starts a stream).
 
 Features are `kws.features.compute_fbank` with the checkpoint's fbank settings made inference ones
 (`kws.features.inference_fbank`: no random dither, its expected power instead). Utterances
@@ -66,18 +68,18 @@ def _batches(items, batch_size, max_batch_frames, fbank_conf):
 
 
 @torch.no_grad()
-def posteriors(model, feats, device, max_frames=DEFAULT_MAX_BATCH_FRAMES):
-    """Sigmoid posteriors [B, T, K] of padded features [B, T, D]; long inputs run in cached chunks."""
+def posteriors(network, feats, device, max_frames=DEFAULT_MAX_BATCH_FRAMES):
+    """The outputs [B, T, ...] of `network` (kws.model.StreamingWrapper: sigmoid posteriors [B, T, K]; or
+    kws.phones.PhoneOutputs) for padded features [B, T, D]; long inputs run in cached chunks."""
     feats = feats.to(device)
     batch, frames = feats.shape[0], feats.shape[1]
     chunk = max(1, max_frames // max(batch, 1))
     if frames <= chunk:
-        logits, _ = model(feats)
-        return torch.sigmoid(logits).float().cpu()
+        return network(feats)[0].float().cpu()
     outputs, cache = [], None
     for start in range(0, frames, chunk):
-        logits, cache = model(feats[:, start : start + chunk], cache)
-        outputs.append(torch.sigmoid(logits).float().cpu())
+        probs, cache = network(feats[:, start : start + chunk], cache)
+        outputs.append(probs.float().cpu())
     return torch.cat(outputs, dim=1)
 
 
@@ -96,10 +98,15 @@ def score(
     device="auto",
     threads=None,
     max_batch_frames=DEFAULT_MAX_BATCH_FRAMES,
+    phone_check=0.0,
 ):
-    """Score every utterance of `test_data` with `checkpoint`; write `out` atomically. Returns #utterances."""
+    """Score every utterance of `test_data` with `checkpoint`; write `out` atomically. Returns #utterances.
+
+    phone_check: alpha of the phoneme head's check of each keyword (kws.phones.PhoneCheck); 0 or a
+    checkpoint without the head scores with the keyword head alone."""
     from kws.checkpoint import load_model
     from kws.fileio import atomic_open
+    from kws.phones import inference_network
 
     if batch_size < 1:
         raise KwsError(f"--batch-size must be >= 1, got {batch_size}")
@@ -114,9 +121,9 @@ def score(
             f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
             f"lists {len(tokens)} keyword(s)"
         )
+    network, check, _ = inference_network(model, payload, phone_check, checkpoint)
     fbank_conf = inference_fbank(fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {}))
     items = read_data_list(test_data, dictionary=dictionary)
-    model.eval()
     done = 0
     with atomic_open(out) as handle:
         for batch in _batches(items, batch_size, max_batch_frames, fbank_conf):
@@ -125,10 +132,14 @@ def score(
             if dims != {payload["input_dim"]}:
                 raise KwsError(f"{checkpoint}: model expects {payload['input_dim']}-dim features, fbank gives {dims}")
             padded = torch.nn.utils.rnn.pad_sequence([feats for _, feats in batch], batch_first=True)
-            probs = posteriors(model, padded, device, max_batch_frames).numpy()
+            probs = posteriors(network, padded, device, max_batch_frames).numpy()
             for row, ((item, _), length) in enumerate(zip(batch, lengths)):
+                if check is not None:  # each utterance from the start, as the detector reads a stream
+                    probs_row, _ = check.apply(probs[row, :length], check.init_state())
+                else:
+                    probs_row = probs[row, :length]
                 for index, token in enumerate(tokens):
-                    handle.write(format_line(item["key"], token, probs[row, :length, index]))
+                    handle.write(format_line(item["key"], token, probs_row[:, index]))
             done += len(batch)
             log.info("scored %d/%d utterances", done, len(items))
     return done

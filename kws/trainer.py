@@ -61,7 +61,7 @@ from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
 from kws.loss import prefix_negative_loss
-from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
+from kws.phones import PhoneCTCModel, keyword_phones, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
 from kws.trainlog import add_scalars, open_writer, read_tsv, run_info, setup_logging, write_tsv
@@ -664,6 +664,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     phones, trained = phone_supervision(tc, train_set), model
     if phones:
         trained = PhoneCTCModel(model, len(phones)).to(device)  # the head's init follows the seed too
+        spoken = keyword_phones(train_items, args.num_keywords)  # for the phoneme check (score.phone_check)
     optimizer = make_optimizer(trained, config.get("optim_conf"), args.config)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
@@ -814,7 +815,15 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                     "seed": args.seed,
                     "world_size": world_size,
                     "fingerprint": fingerprint,
-                    **({"phones": phones, "phone_head": trained.phone_head.state_dict()} if phones else {}),
+                    **(
+                        {
+                            "phones": phones,
+                            "phone_head": trained.phone_head.state_dict(),
+                            "keyword_phones": spoken,
+                        }
+                        if phones
+                        else {}
+                    ),
                 },
                 {
                     "cv_loss": cv_loss,

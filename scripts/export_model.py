@@ -12,6 +12,7 @@ import argparse
 from kws.detect import DEFAULT_CHUNK_MS, DEFAULT_REFRACTORY
 from kws.errors import cli
 from kws.export import DEFAULT_FA_TARGET, OPSET, export_model
+from kws.phones import add_phone_check_argument
 
 
 def parse_args(argv=None):
@@ -56,6 +57,7 @@ def parse_args(argv=None):
         help=f"audio per detector step in ms (default {DEFAULT_CHUNK_MS:g})",
     )
     parser.add_argument("--threads", type=int, default=1, help="processes running the detector (default 1)")
+    add_phone_check_argument(parser)
     parser.add_argument("--out-dir", required=True, help="folder for model.onnx, model.pt, export.json")
     return parser.parse_args(argv)
 
@@ -79,6 +81,7 @@ def main(argv=None):
         window_shift=args.window_shift,
         chunk_ms=args.chunk_ms,
         workers=args.threads,
+        phone_check=args.phone_check,
     )
     diffs = {backend: max(values.values()) for backend, values in report["check"]["max_abs_diff"].items()}
     thresholds = " ".join(f"{kw}={t:g}" for kw, t in report["meta"]["thresholds"].items())

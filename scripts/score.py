@@ -5,6 +5,7 @@ import argparse
 import logging
 
 from kws.errors import cli
+from kws.phones import add_phone_check_argument
 from kws.score import DEFAULT_MAX_BATCH_FRAMES, score
 
 
@@ -21,6 +22,7 @@ def parse_args(argv=None):
         default=DEFAULT_MAX_BATCH_FRAMES,
         help="cap on padded frames per batch (longer utterances run in cached chunks)",
     )
+    add_phone_check_argument(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return parser.parse_args(argv)
@@ -39,6 +41,7 @@ def main(argv=None):
         device=args.device,
         threads=args.threads,
         max_batch_frames=args.max_batch_frames,
+        phone_check=args.phone_check,
     )
     print(f"scored {count} utterances -> {args.out}")
 

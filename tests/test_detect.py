@@ -16,7 +16,7 @@ from kws.detect import Detector, main, resolve_thresholds
 from kws.errors import KwsError
 from kws.export import build_metadata, export_artifacts
 from kws.features import compute_fbank, inference_fbank, num_frames
-from kws.model import build_model
+from kws.model import StreamingWrapper, build_model
 from kws.runners import load_exported
 from kws.streaming_fbank import StreamingFbank
 
@@ -160,7 +160,8 @@ def test_detector_equals_kws_score(tone_export):
     from kws.score import posteriors, utterance_features
 
     root, model, wav = tone_export
-    offline = posteriors(model, utterance_features({"key": "rec", "wav": str(wav)}, FBANK).unsqueeze(0), "cpu")[0]
+    feats = utterance_features({"key": "rec", "wav": str(wav)}, FBANK).unsqueeze(0)
+    offline = posteriors(StreamingWrapper(model), feats, "cpu")[0]
     for suffix in ("pt", "onnx"):
         detector = Detector(load_exported(root / "export" / f"model.{suffix}"), keep_posteriors=True)
         for chunk in wav_chunks(wav, 1600):

@@ -13,8 +13,17 @@ import torch
 from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
 from kws import checkpoint as ckpt
 from kws import trainer
+from kws.detect import Detector
 from kws.errors import KwsError
-from kws.phones import PhoneCTCModel, keyword_path_scores, phone_ctc_loss, phone_targets, phone_vocabulary
+from kws.phones import (
+    PhoneCheck,
+    PhoneCTCModel,
+    keyword_path_scores,
+    phone_ctc_loss,
+    phone_targets,
+    phone_vocabulary,
+)
+from kws.runners import load_exported
 from kws.synth.phrases import phone_string
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,3 +226,113 @@ def test_keyword_path_scores_reward_the_keyword_said_and_nothing_else():
     assert missing_last.max() < -1.0 and swapped.max() < -1.0
     longer = np.concatenate([said, head_saying([4, 5, 4])])
     assert np.array_equal(keyword_path_scores(longer, keyword)[: len(said)], scores)  # causal
+
+
+def test_phone_check_streams_exactly_and_checks_each_keyword_on_its_own():
+    """PhoneCheck over several keywords at once == each keyword alone; chunk by chunk == whole; a keyword
+    without phonemes, or alpha 0, passes its posteriors unchanged; checked scores never exceed them."""
+    rng = np.random.default_rng(1)
+    frames, classes = 80, 7
+    relative = rng.dirichlet(np.full(classes, 0.3), size=frames)
+    relative /= relative.max(axis=1, keepdims=True)
+    posteriors = rng.uniform(size=(frames, 3))
+    outputs = np.concatenate([posteriors, relative], axis=1)
+    labels = [[1, 2, 2, 3], None, [4, 5]]
+    check = PhoneCheck(labels, 0.5)
+    whole, _ = check.apply(outputs, check.init_state())
+    log_relative = np.log(relative)
+    for k in (0, 2):
+        alone = np.exp(0.5 * keyword_path_scores(log_relative, labels[k]) / len(labels[k]))
+        np.testing.assert_allclose(whole[:, k], posteriors[:, k] * alone, rtol=1e-12)
+    assert np.array_equal(whole[:, 1], posteriors[:, 1]) and np.all(whole <= posteriors)
+    state, pieces = check.init_state(), []
+    for start, stop in ((0, 1), (1, 30), (30, 31), (31, frames)):
+        piece, state = check.apply(outputs[start:stop], state)
+        pieces.append(piece)
+    assert np.array_equal(np.concatenate(pieces), whole)
+    off = PhoneCheck(labels, 0.0)
+    assert np.array_equal(off.apply(outputs, off.init_state())[0], posteriors)
+
+
+def _positives_with_keyword_end(path, out):
+    """The list with each positive marked as said alone (keyword_end at its last second)."""
+    items = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    out.write_text(
+        "".join(json.dumps({**i, **({"keyword_end": i["duration"]} if i["txt"] >= 0 else {})}) + "\n" for i in items)
+    )
+    return out
+
+
+def test_phone_check_from_training_to_the_detector(phone_corpus, tmp_path):
+    """Trained with the phoneme head, averaged (the head too), scored with score.phone_check and exported with
+    it: score.txt is p * exp(alpha * path score / phonemes) of the averaged head, and the streaming detector
+    of either export reads the same checked scores."""
+    from kws.average import average_checkpoints, average_state_dicts
+    from kws.detect import wav_chunks
+    from kws.export import export_model
+    from kws.features import fbank_conf_of, inference_fbank
+    from kws.score import score, utterance_features
+
+    root, corpus, config, _ = phone_corpus
+    corpus = {
+        **corpus,
+        "train": _positives_with_keyword_end(corpus["train"], tmp_path / "train.list"),
+        "dev": _positives_with_keyword_end(corpus["dev"], tmp_path / "dev.list"),
+    }
+    words = root / "corpus" / "dict" / "words.txt"
+    on = ["--override", "training_config.phone_ctc=0.5"]
+    assert train(corpus, config, tmp_path / "model", "--max_epoch", "2", *on) == 0
+    averaged = average_checkpoints(tmp_path / "model", 2, mode="last", out=tmp_path / "avg.pt")
+    epochs = [torch.load(tmp_path / "model" / f"epoch_00{e}.pt", weights_only=True) for e in (1, 2)]
+    assert averaged["keyword_phones"] == [PHONES[0].split(), PHONES[1].split()]
+    expected_head = average_state_dicts([e["phone_head"] for e in epochs])
+    assert all(torch.equal(averaged["phone_head"][k], expected_head[k]) for k in expected_head)
+
+    score(tmp_path / "avg.pt", corpus["dev"], words, tmp_path / "plain.txt")
+    score(tmp_path / "avg.pt", corpus["dev"], words, tmp_path / "checked.txt", phone_check=1.0)
+    plain = [line.split() for line in (tmp_path / "plain.txt").read_text().splitlines()]
+    checked = [line.split() for line in (tmp_path / "checked.txt").read_text().splitlines()]
+    assert [row[:2] for row in plain] == [row[:2] for row in checked]
+    assert any(row != other for row, other in zip(plain, checked))
+
+    # the same numbers from the training-time model, recomputed here from its parts
+    model, payload = ckpt.load_model(tmp_path / "avg.pt")
+    wrapped = PhoneCTCModel(model, len(payload["phones"])).eval()
+    wrapped.phone_head.load_state_dict(payload["phone_head"])
+    classes = {p: i + 1 for i, p in enumerate(payload["phones"])}
+    fbank = inference_fbank(fbank_conf_of(payload["config"]["dataset_conf"]))
+    first = json.loads(Path(corpus["dev"]).read_text().splitlines()[0])
+    with torch.no_grad():
+        logits, phone_logits = wrapped(utterance_features(first, fbank)[None])
+    log_probs = torch.log_softmax(phone_logits[0], -1).numpy()
+    for k, row in enumerate(checked[:2]):
+        labels = [classes[p] for p in PHONES[k].split()]
+        factor = np.exp(keyword_path_scores(log_probs, labels) / len(labels))
+        expected = torch.sigmoid(logits[0, :, k]).numpy() * factor
+        np.testing.assert_allclose(np.array(row[2:], dtype=float), expected, atol=2e-6)
+
+    export_model(tmp_path / "avg.pt", words, tmp_path / "export", corpus["dev"], num_utts=3, phone_check=1.0)
+    wav = first["wav"]
+    for suffix in ("onnx", "pt"):
+        detector = Detector(load_exported(tmp_path / "export" / f"model.{suffix}"), keep_posteriors=True)
+        assert detector.meta["phone_check"]["keyword_phones"] == averaged["keyword_phones"]
+        for chunk in wav_chunks(wav, 1600):
+            detector.accept(chunk)
+        streamed = detector.posteriors()
+        for k, row in enumerate(checked[:2]):
+            np.testing.assert_allclose(streamed[:, k], np.array(row[2:], dtype=float), atol=2e-5)
+
+
+def test_phone_check_without_a_head_scores_the_keyword_head_alone(phone_corpus, tmp_path, caplog):
+    from kws.score import score
+
+    root, corpus, config, _ = phone_corpus
+    assert train(corpus, config, tmp_path / "model", "--max_epoch", "1") == 0
+    words = root / "corpus" / "dict" / "words.txt"
+    score(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "plain.txt")
+    score(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "checked.txt", phone_check=0.5)
+    assert (tmp_path / "plain.txt").read_bytes() == (tmp_path / "checked.txt").read_bytes()
+    assert "no phoneme head" in caplog.text
+    with pytest.raises(KwsError, match="score.phone_check must be a number >= 0"):
+        score(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "bad.txt", phone_check=-1)
+    assert not (tmp_path / "bad.txt").exists()

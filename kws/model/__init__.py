@@ -17,7 +17,7 @@ from kws.model.backbones import GRU, MDTC, TCN
 from kws.model.classifier import LinearClassifier
 from kws.model.cmvn import GlobalCMVN, cmvn_mean_istd
 
-__all__ = ["KWSModel", "build_model", "count_parameters", "GlobalCMVN", "cmvn_mean_istd"]
+__all__ = ["KWSModel", "StreamingWrapper", "build_model", "count_parameters", "GlobalCMVN", "cmvn_mean_istd"]
 
 
 class KWSModel(nn.Module):
@@ -51,6 +51,18 @@ class KWSModel(nn.Module):
         x = self.global_cmvn(feats)
         x = self.preprocessing(x)
         return self.backbone(x, cache)
+
+
+class StreamingWrapper(nn.Module):
+    """forward(feats, cache) -> (sigmoid(logits), new_cache): what scoring and the exports compute."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, feats, cache: Optional[torch.Tensor] = None):
+        logits, new_cache = self.model(feats, cache)
+        return torch.sigmoid(logits), new_cache
 
 
 def receptive_field(model):

@@ -283,7 +283,7 @@ def average_args():
 
 def score_args():
     s = config["score"]
-    return f"--device {'cuda' if s['gpu'] else 'cpu'}"
+    return f"--device {'cuda' if s['gpu'] else 'cpu'} --phone-check {s['phone_check']:g}"
 
 
 def det_args():
@@ -302,7 +302,10 @@ def export_target():
 
 def export_args():
     target, negatives = export_target()
-    return f"--fa-target {target:g} --negatives {negatives} --window-shift {config['det']['window_shift']}"
+    return (
+        f"--fa-target {target:g} --negatives {negatives} --window-shift {config['det']['window_shift']}"
+        f" --phone-check {config['score']['phone_check']:g}"
+    )
 
 
 def reference_args(reference_metrics):
