@@ -283,7 +283,9 @@ def average_args():
 
 def score_args():
     s = config["score"]
-    return f"--device {'cuda' if s['gpu'] else 'cpu'} --phone-check {s['phone_check']:g}"
+    return (
+        f"--device {'cuda' if s['gpu'] else 'cpu'} --phone-check {s['phone_check']:g}"
+    )
 
 
 def det_args():
