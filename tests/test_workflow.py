@@ -226,6 +226,8 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"det/step": 0.02}, SCORING_ONWARD),
         ({"average/num": 1}, AVERAGING_ONWARD),
         ({"average/mode": "last"}, AVERAGING_ONWARD),
+        # the phoneme check reads the averaged model: rescored and re-exported, never retrained
+        ({"score/phone_check": 0.5}, SCORING_ONWARD | {"score"}),
         (
             {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}},
             TRAIN_ONWARD,
