@@ -230,7 +230,7 @@ def inference_network(model, payload, alpha, where):
     if len(spoken) != model.num_keywords:
         raise KwsError(f"{where}: keyword_phones has {len(spoken)} entries for {model.num_keywords} keywords")
     labels = [[classes[p] for p in phones] if phones else None for phones in spoken]
-    head = nn.Linear(model.classifier.linear.in_features, len(classes) + 1)
+    head = PhoneCTCModel(model, len(classes)).phone_head  # the head as training built it
     head.load_state_dict(payload["phone_head"])
     network = PhoneOutputs(model, head.to(next(model.parameters()).device)).eval()
     meta = {"alpha": alpha, "keyword_phones": spoken, "labels": labels, "classes": len(classes) + 1}
