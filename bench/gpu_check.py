@@ -231,16 +231,42 @@ def host_syncs(data_list, store, dictionary, device, batch, steps):
     return sum("synchronizing" in str(w.message) for w in caught), counts[0]
 
 
-def end_to_end(config, data, workdir, device, batch, epochs):
-    """One-process torchrun of scripts/train.py on `data` (lists and audio stores); returns (utterances/s
-    of the epochs after the first, or of the only one, and which epochs those are)."""
-    model_dir = workdir / f"e2e_{config.stem}"
+# Length-sorted batches that keep the class mix (kws.dataset, `stratify`), sorted over 10 batches of 256.
+SORTED = {"dataset_conf.sort": True, "dataset_conf.stratify": True, "dataset_conf.sort_conf.sort_size": 2560}
+
+
+def padding(config, data, dictionary, batch, overrides):
+    """(padded frames over real ones, mean padded length in frames) of the first epoch's batches of
+    `config` + `overrides` on `data`'s training list: what a step pays for, beside what it learns from."""
+    conf = load_model_config(config, {"dataset_conf.batch_conf.batch_size": batch, **overrides})
+    dataset = KwsDataset(
+        data["train"],
+        conf["dataset_conf"],
+        seed=666,
+        rank=0,
+        world_size=1,
+        dictionary=dictionary,
+        store=data["train_store"],
+    )
+    dataset.set_epoch(1)
+    plan = dataset.plan(0)
+    longest = sum(max(int(dataset.batch_frames[i]) for i in batch) for batch in plan) / len(plan)
+    return dataset.padding(0), longest
+
+
+def end_to_end(config, data, workdir, device, batch, epochs, overrides=None):
+    """One-process torchrun of scripts/train.py on `data` (lists and audio stores), with `overrides` of
+    the config; returns (utterances/s of the epochs after the first, or of the only one, and which epochs
+    those are)."""
+    overrides = overrides or {}
+    model_dir = workdir / f"e2e_{config.stem}{'_sorted' if overrides else ''}"
     gpu = ["--gpus", "0", "--ddp.dist_backend", "nccl"] if device.type == "cuda" else ["--gpus", "-1"]
     command = [
         *torchrun_command(1, python=sys.executable),
         str(REPO / "scripts/train.py"),
         *("--config", str(config), "--model_dir", str(model_dir), "--max_epoch", str(epochs)),
         *("--override", f"dataset_conf.batch_conf.batch_size={batch}"),
+        *(arg for key, value in overrides.items() for arg in ("--override", f"{key}={value}")),
         *("--train_data", str(data["train"]), "--train_audio_store", str(data["train_store"])),
         *("--cv_data", str(data["dev"]), "--cv_audio_store", str(data["dev_store"])),
         *("--num_keywords", str(NUM_KEYWORDS), "--min_duration", str(MIN_DURATION), "--dict", str(data["dict"])),
@@ -301,6 +327,11 @@ def main():
         "--utterances", type=int, default=12_800, help="training utterances of 3.'s epochs (default 12,800)"
     )
     parser.add_argument("--epochs", type=int, default=4, help="epochs of 3.; the first is not timed (default 4)")
+    parser.add_argument(
+        "--only-training",
+        action="store_true",
+        help="the fp32 steps and 3. alone, sorted batches first (a lease's last minutes: about a minute)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     steps = args.steps or (30 if device.type == "cuda" else 2)
@@ -316,7 +347,7 @@ def main():
         busy = f", GPU {utilisation:.0f}%" if utilisation is not None else ""
         return f"{rate:.0f} utt/s{busy}"
 
-    for mode in ("fp32", "bf16"):
+    for mode in ("fp32",) if args.only_training else ("fp32", "bf16"):
         table.row(
             f"{labels[WEKWS_MODEL]} step, batch {args.batch} x 200, {mode}",
             lambda mode=mode: measure_step(WEKWS_MODEL, mode),
@@ -327,6 +358,8 @@ def main():
         for config in labels
     }
     for config, precision in precisions.items():
+        if args.only_training:
+            precision = precisions[config] = "fp32"
         if (config, precision) not in step_rates:
             what = f"{labels[config]} step, batch {args.batch} x 200, {precision}"
             table.row(what, lambda config=config, precision=precision: measure_step(config, precision))
@@ -344,7 +377,11 @@ def main():
         dictionary = read_dictionary(data["dict"])
         best = max(step_rates.values(), default=0.0)
 
-        for on_device, how in ((True, "store on the device"), (False, "host batches, pinned and prefetched")):
+        for on_device, how in (
+            ()
+            if args.only_training
+            else ((True, "store on the device"), (False, "host batches, pinned and prefetched"))
+        ):
 
             def measure_loader(on_device=on_device):
                 rate = loader_throughput(
@@ -353,10 +390,11 @@ def main():
                 return f"{rate:.0f} utt/s = {rate / max(best, 1e-9):.2f}x the best eager step"
 
             table.row(f"data path alone ({WEKWS_MODEL.name} features), batch {args.batch}, {how}", measure_loader)
-        table.row(
-            "features of batches gathered on the device equal host batches'",
-            lambda: paths_agree(data["train"], data["train_store"], dictionary, device, args.batch),
-        )
+        if not args.only_training:
+            table.row(
+                "features of batches gathered on the device equal host batches'",
+                lambda: paths_agree(data["train"], data["train_store"], dictionary, device, args.batch),
+            )
 
         def measure_syncs():
             syncs, ran = host_syncs(data["train"], data["train_store"], dictionary, device, args.batch, steps)
@@ -365,25 +403,41 @@ def main():
             return f"{syncs} in {ran} steps, the epoch's end included ({syncs / ran:.2f} a step)"
 
         what = f"host syncs of the training loop and data path, {labels[DEFAULT_MODEL]}, batch {args.batch}"
-        table.row(what, measure_syncs)
-        for config, precision in precisions.items():
+        if not args.only_training:
+            table.row(what, measure_syncs)
+        # Sorted batches first when short of time: the unsorted rows were measured on an earlier lease.
+        batching = [(SORTED, ", sort + stratify (sort_size 2560)"), ({}, "")]
+        for overrides, how in batching[:: 1 if args.only_training else -1]:
+            for config, precision in precisions.items():
 
-            def measure_training(config=config, precision=precision):
-                rate, span = end_to_end(config, data, workdir, device, args.batch, args.epochs)
-                step = step_rates.get((config, precision))
-                ratio = f"{rate / step:.2f}x the {precision} step alone" if step else "no step figure to compare"
-                return (
-                    f"{rate:.0f} utt/s (epochs {span} of {args.utterances:,} utterances of {mean_seconds:.1f} s "
-                    f"on average, CV included) = {ratio}; projected "
-                    f"{MOBVOI_EPOCHS} epochs x {MOBVOI_UTTERANCES:,} utterances: {projected(rate)}"
+                def measure_training(config=config, precision=precision, overrides=overrides):
+                    padded, longest = padding(config, data, dictionary, args.batch, overrides)
+                    rate, span = end_to_end(config, data, workdir, device, args.batch, args.epochs, overrides)
+                    step = step_rates.get((config, precision))
+                    # The step alone ran at 200 frames; a training batch is as long as its longest utterance.
+                    ratio = (
+                        f"{rate / step:.2f}x the {precision} step alone in utterances, "
+                        f"{rate * longest / (step * 200):.2f}x in padded frames"
+                        if step
+                        else "no step figure to compare"
+                    )
+                    return (
+                        f"{rate:.0f} utt/s (epochs {span} of {args.utterances:,} utterances of {mean_seconds:.1f} s "
+                        f"on average, CV included; batches padded to {longest:.0f} frames on average, "
+                        f"{padded:.2f}x the real frames) = {ratio}; projected "
+                        f"{MOBVOI_EPOCHS} epochs x {MOBVOI_UTTERANCES:,} utterances: {projected(rate)}"
+                    )
+
+                what = (
+                    f"end-to-end training (torchrun, train.py), {labels[config]}, batch {args.batch}, {precision}{how}"
                 )
-
-            what = f"end-to-end training (torchrun, train.py), {labels[config]}, batch {args.batch}, {precision}"
-            table.row(what, measure_training)
+                table.row(what, measure_training)
     # Last: compiling takes the longest, and the end-to-end figures above must not wait for it.
     what = f"{labels[WEKWS_MODEL]} step, batch {args.batch} x 200, compile"
     if device.type == "cpu":  # inductor's C++ build of the model takes minutes on a CPU
         table.row(what, lambda: "skipped on CPU")
+    elif args.only_training:
+        pass
     else:
         table.row(what, lambda: measure_step(WEKWS_MODEL, "compile"))
     print(f"written {args.out}")

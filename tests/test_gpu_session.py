@@ -89,20 +89,29 @@ def test_gpu_session_runs_on_cpu(tmp_path):
         loader = rows[f"data path alone (ds_tcn.yaml features), batch 8, {how}"]
         assert re.fullmatch(r"\d+ utt/s = [\d.]+x the best eager step", loader)
     assert rows["features of batches gathered on the device equal host batches'"].startswith("yes ")
-    for model in ("ds_tcn.yaml (287 K)", "ds_tcn_small.yaml (28 K)"):
-        # exactly one row per model; its last cell is the precision the trainer resolved on this CPU
-        [(what, figure)] = [
-            (what, figure)
-            for what, figure in rows.items()
-            if what.startswith(f"end-to-end training (torchrun, train.py), {model}, batch 8, ")
-        ]
-        precision = what.rsplit(", ", 1)[1]
-        assert rows[f"{model} step, batch 8 x 200, {precision}"], rows  # the figure the ratio divides by
-        assert re.fullmatch(
-            rf"\d+ utt/s \(epochs 2 of 16 utterances of [\d.]+ s on average, CV included\) = [\d.]+x the {precision} "
-            r"step alone; projected 80 epochs x 130,000 utterances: [\d.]+ (h|min)",
-            figure,
-        ), figure
+    training = re.compile(
+        r"end-to-end training \(torchrun, train.py\), (?P<model>.+), batch 8, (?P<precision>\w+)"
+        r"(?P<sorted>, sort \+ stratify \(sort_size 2560\))?"
+    )
+    padded = {}  # (model, sorted) -> mean padded frames of its batches
+    for what, figure in rows.items():
+        if match := training.fullmatch(what):
+            precision = match["precision"]
+            assert rows[f"{match['model']} step, batch 8 x 200, {precision}"], rows  # what the ratios divide by
+            shape = re.fullmatch(
+                rf"\d+ utt/s \(epochs 2 of 16 utterances of [\d.]+ s on average, CV included; batches padded to "
+                rf"(\d+) frames on average, [\d.]+x the real frames\) = [\d.]+x the {precision} step alone in "
+                r"utterances, [\d.]+x in padded frames; projected 80 epochs x 130,000 utterances: [\d.]+ (h|min)",
+                figure,
+            )
+            assert shape, figure
+            padded[match["model"], bool(match["sorted"])] = int(shape[1])
+    # one unsorted and one sorted row per model, in the precision the trainer resolved on this CPU; sorting
+    # pads no more than shuffling
+    models = ("ds_tcn.yaml (287 K)", "ds_tcn_small.yaml (28 K)")
+    assert sorted(padded) == sorted((model, how) for model in models for how in (False, True)), rows
+    for model in models:
+        assert padded[model, True] <= padded[model, False], padded
 
     sweep_md = (out / "sweep.md").read_text()
     assert re.search(r"^\| one_epoch \| default \| 666 \| .* \| done in \d+ s \| [\d.]+ \|", sweep_md, re.M), sweep_md
@@ -111,4 +120,6 @@ def test_gpu_session_runs_on_cpu(tmp_path):
         names = archive.getnames()
     for expected in ("ds_tcn_small_gpu/metrics.json", "sweep/one_epoch/det/stats.hi_xiaowen.txt"):
         assert any(name.endswith(expected) for name in names), names
+    # what would not come back from a lease (16 MiB a file): the audio stores, per-window scores
+    assert not [name for name in names if "/audio/" in name or name.endswith("score.txt")], names
     assert checkout_state() == before, "the session wrote into the checkout"
