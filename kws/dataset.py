@@ -45,10 +45,12 @@ from kws.datalist import FILLER, read_data_list, require_labels
 from kws.device import to_device
 from kws.errors import KwsError
 from kws.features import batch_fbank, fbank_conf_of, frame_geometry, inference_fbank, num_frames
+from kws.mel_warp import MelWarp
+from kws.mel_warp import parse_conf as parse_mel_warp
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT, _STREAM_CROP = 0, 1, 2, 3, 4, 5
-_STREAM_AUGMENT = 6
+_STREAM_AUGMENT, _STREAM_MEL_WARP = 6, 7
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
@@ -70,6 +72,7 @@ def cv_dataset_conf(train_conf):
     conf["speed_perturb"] = False
     conf.pop("crop_negatives", None)  # whole utterances
     conf.pop("batch_augment", None)  # the utterances as they are
+    conf.pop("mel_warp", None)  # and their speakers
     conf["fbank_conf"] = inference_fbank(fbank_conf_of(train_conf))
     conf.pop("feature_extraction_conf", None)
     return conf
@@ -401,6 +404,8 @@ class Featurizer:
         self.device = torch.device(device)
         augment = parse_conf(self.conf.get("batch_augment"))
         self.augment = BatchAugment(augment, self.device) if augment else None
+        mel_warp = parse_mel_warp(self.conf.get("mel_warp"))
+        self.mel_warp = MelWarp(mel_warp) if mel_warp else None
         # On a GPU, batches are gathered from a copy of the store there (False: always the host path)
         self.store_on_device = bool(store_on_device)
         self._device_copy = None  # (store, its samples on the GPU, or None where they do not fit)
@@ -420,6 +425,8 @@ class Featurizer:
         else:  # one batched call: what a GPU is fast at
             feats, _ = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
         frames = num_frames(lengths, self.fbank_conf)  # on the host, as the lengths: read without a sync
+        if self.mel_warp is not None:
+            feats = self.mel_warp(feats, _rng(*entropy, _STREAM_MEL_WARP))
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
