@@ -9,7 +9,10 @@ kws.synth.augment.formant_warp: a voice whose first formant sits 20 % higher whi
 move), as a linear interpolation between neighbouring mel bins: one [bins x bins] matrix per utterance,
 so it costs one small matrix product and works on any corpus, real recordings included.
 
-    mel_warp: {p: 0.6, low: 0.85, high: 1.2}   # `mel_warp: {}` takes these; absent or null: off
+    mel_warp: {p: 0.6, low: 0.85, high: 1.2, kind: formants}   # `mel_warp: {}` takes these; absent or null: off
+
+`kind: vtl` draws one factor for the whole envelope below 4.8 kHz instead (a vocal-tract length, as VTLP
+in ASR): the formants move together, so the vowels keep their relations.
 
 Draws come from the batch's generator (seed, epoch, rank, batch), so CPU runs stay bit-identical and a
 resumed epoch repeats itself. Dev, scoring and the exports see the features as they are.
@@ -25,6 +28,7 @@ from kws.errors import KwsError
 from kws.synth.augment import formant_warp
 
 DEFAULTS = {"p": 0.6, "low": 0.85, "high": 1.2}
+KINDS = ("formants", "vtl")
 WHERE = "dataset_conf.mel_warp"
 # Kaldi's mel banks as kws.features builds them: 20 Hz to the Nyquist frequency of 16 kHz audio
 LOW_HZ, HIGH_HZ = 20.0, 8000.0
@@ -36,9 +40,13 @@ def parse_conf(conf):
         return None
     if not isinstance(conf, dict):
         raise KwsError(f"{WHERE}: expected a mapping such as {{p: 0.6, low: 0.85, high: 1.2}}, got {conf!r}")
-    unknown = sorted(set(conf) - set(DEFAULTS))
+    unknown = sorted(set(conf) - set(DEFAULTS) - {"kind"})
     if unknown:
-        raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {', '.join(DEFAULTS)})")
+        raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {', '.join([*DEFAULTS, 'kind'])})")
+    conf = dict(conf)
+    kind = conf.pop("kind", KINDS[0])
+    if kind not in KINDS:
+        raise KwsError(f"{WHERE}.kind: expected one of {', '.join(KINDS)}, got {kind!r}")
     settings = {**DEFAULTS, **conf}
     for key, value in settings.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -49,7 +57,13 @@ def parse_conf(conf):
         raise KwsError(
             f"{WHERE}: expected 0.5 <= low <= high <= 2, got low {settings['low']!r}, high {settings['high']!r}"
         )
-    return {key: float(value) for key, value in settings.items()}
+    return {**{key: float(value) for key, value in settings.items()}, "kind": kind}
+
+
+def vtl_warp(rng, low, high):
+    """One factor for the envelope below 4.8 kHz, back to 1 at 8 kHz (the band's top stays in the band)."""
+    factor = rng.uniform(low, high)
+    return np.array([0.0, 4800.0, HIGH_HZ]), np.array([factor, factor, 1.0])
 
 
 def _mel(hz):
@@ -84,12 +98,13 @@ class MelWarp:
 
     def __init__(self, settings):
         self.p, self.low, self.high = settings["p"], settings["low"], settings["high"]
+        self.draw = vtl_warp if settings.get("kind") == "vtl" else formant_warp
 
     def __call__(self, feats, rng):
         """`rng`: a numpy Generator; its draws are the same whatever the device."""
         batch, _, bins = feats.shape
         hits = rng.random(batch) < self.p
-        warps = [formant_warp(rng, self.low, self.high) for _ in range(batch)]
+        warps = [self.draw(rng, self.low, self.high) for _ in range(batch)]
         rows = np.flatnonzero(hits)
         if len(rows) == 0:
             return feats

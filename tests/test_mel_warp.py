@@ -28,6 +28,19 @@ def test_a_formant_moves_the_way_the_warp_says(factor, direction):
     assert direction * (centre - 12) > 0.5
 
 
+def test_vtl_moves_every_formant_the_same_way():
+    """`kind: vtl`: one factor for the whole envelope, so two formants (bins 8 and 20) move together."""
+    warp = MelWarp(parse_conf({"p": 1.0, "kind": "vtl", "low": 1.15, "high": 1.15}))
+    bins = np.arange(40)
+    envelope = np.exp(-0.5 * ((bins - 8) / 1.5) ** 2) + np.exp(-0.5 * ((bins - 20) / 1.5) ** 2)
+    feats = torch.tensor(envelope, dtype=torch.float32).expand(1, 5, 40).contiguous()
+    moved = warp(feats, np.random.default_rng(0))[0, 0].numpy()
+    for start, stop in ((0, 14), (14, 30)):
+        part = moved[start:stop]
+        centre = float((part * bins[start:stop]).sum() / part.sum())
+        assert centre - (8 if start == 0 else 20) > 0.3
+
+
 def test_only_drawn_utterances_change_and_padding_stays_zero():
     feats = torch.randn(6, 30, 40)
     feats[:, 20:] = 0
@@ -60,6 +73,7 @@ def test_featurizer_warps_training_batches_only_and_reproducibly():
         ({"low": 1.2, "high": 0.9}, r"dataset_conf.mel_warp: expected 0.5 <= low <= high <= 2"),
         ({"high": "x"}, r"dataset_conf.mel_warp.high: expected a number"),
         ("yes", r"dataset_conf.mel_warp: expected a mapping"),
+        ({"kind": "pitch"}, r"dataset_conf.mel_warp.kind: expected one of formants, vtl"),
     ],
 )
 def test_bad_settings_name_the_key(conf, message):
