@@ -353,13 +353,14 @@ def main():
             lambda mode=mode: measure_step(WEKWS_MODEL, mode),
         )
     # The precision each model trains in on this device (training_config.precision, `auto` resolved).
+    # (--only-training: fp32, whose step rows it measured)
     precisions = {
-        config: resolve_precision(load_model_config(config)["training_config"].get("precision", "fp32"), device, config)
+        config: "fp32"
+        if args.only_training
+        else resolve_precision(load_model_config(config)["training_config"].get("precision", "fp32"), device, config)
         for config in labels
     }
     for config, precision in precisions.items():
-        if args.only_training:
-            precision = precisions[config] = "fp32"
         if (config, precision) not in step_rates:
             what = f"{labels[config]} step, batch {args.batch} x 200, {precision}"
             table.row(what, lambda config=config, precision=precision: measure_step(config, precision))
@@ -436,9 +437,7 @@ def main():
     what = f"{labels[WEKWS_MODEL]} step, batch {args.batch} x 200, compile"
     if device.type == "cpu":  # inductor's C++ build of the model takes minutes on a CPU
         table.row(what, lambda: "skipped on CPU")
-    elif args.only_training:
-        pass
-    else:
+    elif not args.only_training:
         table.row(what, lambda: measure_step(WEKWS_MODEL, "compile"))
     print(f"written {args.out}")
     return 1 if table.failed else 0

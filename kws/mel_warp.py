@@ -35,7 +35,7 @@ LOW_HZ, HIGH_HZ = 20.0, 8000.0
 
 
 def parse_conf(conf):
-    """The validated settings ({p, low, high}), or None when `conf` is None (off)."""
+    """The validated settings ({p, low, high, kind}), or None when `conf` is None (off)."""
     if conf is None:
         return None
     if not isinstance(conf, dict):
@@ -98,7 +98,7 @@ class MelWarp:
 
     def __init__(self, settings):
         self.p, self.low, self.high = settings["p"], settings["low"], settings["high"]
-        self.draw = vtl_warp if settings.get("kind") == "vtl" else formant_warp
+        self.draw = vtl_warp if settings["kind"] == "vtl" else formant_warp
 
     def __call__(self, feats, rng):
         """`rng`: a numpy Generator; its draws are the same whatever the device."""
