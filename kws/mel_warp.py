@@ -5,7 +5,7 @@ The synthetic corpus already varies who speaks when it synthesises (kws.synth.au
 formants, pitch, ...), but once per utterance: eight epochs see one speaker per utterance. Here each log-mel
 frame of a drawn utterance is re-read along frequency through a piecewise-linear warp of the spectral
 envelope with independent factors around the first, second and third formant regions (the same warp as
-kws.synth.augment.formant_warp: a voice whose first formant sits 20 % higher while its second does not
+the synthesiser's, kws.formants.formant_warp: a voice whose first formant sits 20 % higher while its second does not
 move), as a linear interpolation between neighbouring mel bins: one [bins x bins] matrix per utterance,
 so it costs one small matrix product and works on any corpus, real recordings included.
 
@@ -25,7 +25,7 @@ import torch
 
 from kws.device import to_device
 from kws.errors import KwsError
-from kws.synth.augment import formant_warp
+from kws.formants import formant_warp, vtl_warp
 
 DEFAULTS = {"p": 0.6, "low": 0.85, "high": 1.2}
 KINDS = ("formants", "vtl")
@@ -58,12 +58,6 @@ def parse_conf(conf):
             f"{WHERE}: expected 0.5 <= low <= high <= 2, got low {settings['low']!r}, high {settings['high']!r}"
         )
     return {**{key: float(value) for key, value in settings.items()}, "kind": kind}
-
-
-def vtl_warp(rng, low, high):
-    """One factor for the envelope below 4.8 kHz, back to 1 at 8 kHz (the band's top stays in the band)."""
-    factor = rng.uniform(low, high)
-    return np.array([0.0, 4800.0, HIGH_HZ]), np.array([factor, factor, 1.0])
 
 
 def _mel(hz):

@@ -8,6 +8,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from kws.formants import formant_warp
+
 NOISE_TYPES = ("white", "pink", "brown", "hum", "babble")
 
 
@@ -271,15 +273,6 @@ def pitch_shift(x, rate, semitones, formant=1.0, tempo=1.0, warp=None, gain_db=N
     if abs(relative - 1) <= 1e-3 and warp is None and gain_db is None and breath is None:
         return y
     return reshape_spectrum(y, rate, formant=relative, warp=warp, gain_db=gain_db, breath=breath)
-
-
-def formant_warp(rng, low=0.85, high=1.2):
-    """A random piecewise-linear frequency warp of the envelope: independent factors around the first
-    (500 Hz), second (1.5 kHz) and third (3 kHz) formant regions, back to 1 at the top of the band.
-    Speakers differ in more than vocal-tract length: one voice's first formant sits 20 % higher while its
-    second does not move (piecewise-linear VTLN in ASR models the same). Returns (knots Hz, factors)."""
-    f1, f2, f3 = rng.uniform(low, high, 3)
-    return np.array([0.0, 500.0, 1500.0, 3000.0, 6000.0, 8000.0]), np.array([f1, f1, f2, f3, 1.0, 1.0])
 
 
 def spectral_gain(rng):
