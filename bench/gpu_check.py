@@ -146,12 +146,18 @@ def repeated_list(source, out, utterances):
     return sum(float(item["duration"]) for item in repeated) / len(repeated)
 
 
-def training_data(data_list, store, dictionary, device, batch, store_on_device=True):
-    """(KwsDataset, Featurizer) of the trainer's data path for ds_tcn.yaml's dataset_conf at `batch`."""
-    conf = load_model_config(WEKWS_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
+def dataset_of(config, data_list, store, dictionary, batch, overrides=None):
+    """(KwsDataset of rank 0 of 1, seed 666, the model config) of `config` + `overrides` at `batch`."""
+    conf = load_model_config(config, {"dataset_conf.batch_conf.batch_size": batch, **(overrides or {})})
     dataset = KwsDataset(
         data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
     )
+    return dataset, conf
+
+
+def training_data(data_list, store, dictionary, device, batch, store_on_device=True):
+    """(KwsDataset, Featurizer) of the trainer's data path for ds_tcn.yaml's dataset_conf at `batch`."""
+    dataset, conf = dataset_of(WEKWS_MODEL, data_list, store, dictionary, batch)
     return dataset, Featurizer(conf["dataset_conf"], device=device, store_on_device=store_on_device)
 
 
@@ -193,10 +199,7 @@ def host_syncs(data_list, store, dictionary, device, batch, steps):
     """Synchronising CUDA calls (torch.cuda.set_sync_debug_mode: each one makes the host wait for the
     device) in `steps` steps of the trainer's loop (kws.trainer.train_one_epoch) of the default model,
     its batches made by the real data path. Returns (syncs, steps run); syncs is None off CUDA."""
-    conf = load_model_config(DEFAULT_MODEL, {"dataset_conf.batch_conf.batch_size": batch})
-    dataset = KwsDataset(
-        data_list, conf["dataset_conf"], seed=666, rank=0, world_size=1, dictionary=dictionary, store=store
-    )
+    dataset, conf = dataset_of(DEFAULT_MODEL, data_list, store, dictionary, batch)
     input_dim = input_dim_of(conf["dataset_conf"])
     model = build_model(conf["model"], input_dim, NUM_KEYWORDS, None).to(device)
     tc = conf["training_config"]
@@ -238,19 +241,10 @@ SORTED = {"dataset_conf.sort": True, "dataset_conf.stratify": True, "dataset_con
 def padding(config, data, dictionary, batch, overrides):
     """(padded frames over real ones, mean padded length in frames) of the first epoch's batches of
     `config` + `overrides` on `data`'s training list: what a step pays for, beside what it learns from."""
-    conf = load_model_config(config, {"dataset_conf.batch_conf.batch_size": batch, **overrides})
-    dataset = KwsDataset(
-        data["train"],
-        conf["dataset_conf"],
-        seed=666,
-        rank=0,
-        world_size=1,
-        dictionary=dictionary,
-        store=data["train_store"],
-    )
+    dataset, _ = dataset_of(config, data["train"], data["train_store"], dictionary, batch, overrides)
     dataset.set_epoch(1)
     plan = dataset.plan(0)
-    longest = sum(max(int(dataset.batch_frames[i]) for i in batch) for batch in plan) / len(plan)
+    longest = sum(max(int(dataset.batch_frames[i]) for i in items) for items in plan) / len(plan)
     return dataset.padding(0), longest
 
 
