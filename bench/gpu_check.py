@@ -169,7 +169,7 @@ def loader_throughput(data_list, store, dictionary, device, batch, batches=30, s
     dataset, featurize = training_data(data_list, store, dictionary, device, batch, store_on_device)
     count, seen, start = 0, 0, None
     for epoch in range(1, 1000):
-        for _keys, feats, _lengths, _targets in featurize.batches(dataset, epoch):
+        for _keys, feats, _lengths, _targets, _warped in featurize.batches(dataset, epoch):
             if start is None:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -190,7 +190,7 @@ def paths_agree(data_list, store, dictionary, device, batch, batches=4):
     results = []
     for on_device in (True, False):
         dataset, featurize = training_data(data_list, store, dictionary, device, batch, on_device)
-        results.append([feats.cpu() for _, feats, _, _ in itertools.islice(featurize.batches(dataset, 1), batches)])
+        results.append([feats.cpu() for _, feats, _, _, _ in itertools.islice(featurize.batches(dataset, 1), batches)])
     same = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
     return f"{'yes' if same else 'NO'} ({len(results[0])} batches of {batch})"
 

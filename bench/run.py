@@ -257,7 +257,7 @@ def bench_loader(table, args, corpus, caches):
     steps = [0, 0]
 
     def train_steps():
-        for _keys, feats, lengths, targets in batches:
+        for _keys, feats, lengths, targets, _warped in batches:
             opt.zero_grad()
             logits, _ = model(feats)
             loss, _ = max_pooling_loss(logits, lengths, targets, 50)
@@ -373,7 +373,7 @@ def padded_frames(corpus, sort):
         world_size=1,
         dictionary=read_dictionary(corpus / "dict" / "words.txt"),
     )
-    for _, feats, lengths, _ in Featurizer(conf).batches(dataset, 0):
+    for _, feats, lengths, _, _ in Featurizer(conf).batches(dataset, 0):
         padded += feats.shape[0] * feats.shape[1]
         real += int(lengths.sum())
     return padded, real

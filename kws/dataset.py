@@ -4,8 +4,9 @@ on the batch, on the training device.
 `KwsDataset` plans an epoch from the data.list and the sample counts of an audio store
 (kws.audio_store; an in-memory one when none is given): it yields host batches
 `(keys, samples int16 [B, S] zero-padded, sample_lengths [B], targets [B])`, which `Featurizer` turns
-into `(keys, feats [B, T, D] float32, frame_lengths [B], targets [B])` on the device where the model
-runs: dither, Kaldi fbank (kws.features.batch_fbank) and SpecAugment, all on the batch. An epoch costs
+into `(keys, feats [B, T, D] float32, frame_lengths [B], targets [B], warped [B])` on the device where the
+model runs: dither, Kaldi fbank (kws.features.batch_fbank), the speaker warp (kws.mel_warp; `warped` says,
+on the host, which rows it changed) and SpecAugment, all on the batch. An epoch costs
 index arithmetic and slicing of a memory-mapped array, not file opens and decodes.
 
 Sharding (the guarantee the tests check)
@@ -425,8 +426,9 @@ class Featurizer:
         else:  # one batched call: what a GPU is fast at
             feats, _ = batch_fbank(samples, lengths, self.fbank_conf, self.dither, generator, int16_scale=True)
         frames = num_frames(lengths, self.fbank_conf)  # on the host, as the lengths: read without a sync
+        warped = torch.zeros(len(keys), dtype=torch.bool)
         if self.mel_warp is not None:
-            feats = self.mel_warp(feats, _rng(*entropy, _STREAM_MEL_WARP))
+            feats, warped = self.mel_warp(feats, _rng(*entropy, _STREAM_MEL_WARP))
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}
@@ -436,7 +438,7 @@ class Featurizer:
         extra = padded_length(feats.shape[1]) - feats.shape[1]
         if extra:
             feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))
-        return keys, feats, frames, to_device(targets, self.device)
+        return keys, feats, frames, to_device(targets, self.device), warped
 
     def _one_by_one(self, samples, lengths, generator):
         """batch_fbank of each utterance on its own valid samples: on a CPU the padding (2x the real

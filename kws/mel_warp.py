@@ -12,7 +12,9 @@ so it costs one small matrix product and works on any corpus, real recordings in
     mel_warp: {p: 0.6, low: 0.85, high: 1.2, kind: formants}   # `mel_warp: {}` takes these; absent or null: off
 
 `kind: vtl` draws one factor for the whole envelope below 4.8 kHz instead (a vocal-tract length, as VTLP
-in ASR): the formants move together, so the vowels keep their relations.
+in ASR): the formants move together, so the vowels keep their relations. `phone_ctc: false` keeps the
+warped utterances out of the phoneme CTC loss (training_config.phone_ctc): the phoneme head then learns
+the vowels as they are spoken, while the keyword loss still sees every warp.
 
 Draws come from the batch's generator (seed, epoch, rank, batch), so CPU runs stay bit-identical and a
 resumed epoch repeats itself. Dev, scoring and the exports see the features as they are.
@@ -35,18 +37,22 @@ LOW_HZ, HIGH_HZ = 20.0, 8000.0
 
 
 def parse_conf(conf):
-    """The validated settings ({p, low, high, kind}), or None when `conf` is None (off)."""
+    """The validated settings ({p, low, high, kind, phone_ctc}), or None when `conf` is None (off)."""
     if conf is None:
         return None
     if not isinstance(conf, dict):
         raise KwsError(f"{WHERE}: expected a mapping such as {{p: 0.6, low: 0.85, high: 1.2}}, got {conf!r}")
-    unknown = sorted(set(conf) - set(DEFAULTS) - {"kind"})
+    unknown = sorted(set(conf) - set(DEFAULTS) - {"kind", "phone_ctc"})
     if unknown:
-        raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {', '.join([*DEFAULTS, 'kind'])})")
+        allowed = ", ".join([*DEFAULTS, "kind", "phone_ctc"])
+        raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {allowed})")
     conf = dict(conf)
     kind = conf.pop("kind", KINDS[0])
     if kind not in KINDS:
         raise KwsError(f"{WHERE}.kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    phone_ctc = conf.pop("phone_ctc", True)
+    if not isinstance(phone_ctc, bool):
+        raise KwsError(f"{WHERE}.phone_ctc: expected true or false, got {phone_ctc!r}")
     settings = {**DEFAULTS, **conf}
     for key, value in settings.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -57,7 +63,7 @@ def parse_conf(conf):
         raise KwsError(
             f"{WHERE}: expected 0.5 <= low <= high <= 2, got low {settings['low']!r}, high {settings['high']!r}"
         )
-    return {**{key: float(value) for key, value in settings.items()}, "kind": kind}
+    return {**{key: float(value) for key, value in settings.items()}, "kind": kind, "phone_ctc": phone_ctc}
 
 
 def _mel(hz):
@@ -95,16 +101,17 @@ class MelWarp:
         self.draw = vtl_warp if settings["kind"] == "vtl" else formant_warp
 
     def __call__(self, feats, rng):
-        """`rng`: a numpy Generator; its draws are the same whatever the device."""
+        """(feats, warped: host bool tensor [B], which rows were warped). `rng`: a numpy Generator; its
+        draws are the same whatever the device."""
         batch, _, bins = feats.shape
         hits = rng.random(batch) < self.p
         warps = [self.draw(rng, self.low, self.high) for _ in range(batch)]
         rows = np.flatnonzero(hits)
         if len(rows) == 0:
-            return feats
+            return feats, torch.from_numpy(hits)
         matrices = np.stack([warp_matrix(warps[row], bins) for row in rows]).transpose(0, 2, 1)
         index = to_device(rows, feats.device)
         warped = torch.bmm(feats[index], to_device(matrices, feats.device, feats.dtype))
         feats = feats.clone()
         feats[index] = warped
-        return feats
+        return feats, torch.from_numpy(hits)

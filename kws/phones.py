@@ -67,10 +67,12 @@ class PhoneCTCModel(nn.Module):
         return self.model.classifier(hidden), self.phone_head(hidden)
 
 
-def phone_ctc_loss(phone_logits, lengths, keys, targets):
-    """Mean CTC loss (per target phoneme, as F.ctc_loss's `mean`) over the batch's utterances with targets;
-    a zero that still reaches every parameter of the head (DDP expects a gradient for each) when none has."""
-    rows = [b for b, key in enumerate(keys) if key in targets]
+def phone_ctc_loss(phone_logits, lengths, keys, targets, skip=None):
+    """Mean CTC loss (per target phoneme, as F.ctc_loss's `mean`) over the batch's utterances with targets
+    and not in `skip` (host bools [B], or None); a zero that still reaches every parameter of the head (DDP
+    expects a gradient for each) when none has."""
+    skipped = [False] * len(keys) if skip is None else skip.tolist()
+    rows = [b for b, key in enumerate(keys) if key in targets and not skipped[b]]
     if not rows:
         return phone_logits.float().sum() * 0.0
     labels = [targets[keys[b]] for b in rows]

@@ -61,6 +61,7 @@ from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
 from kws.loss import prefix_negative_loss
+from kws.mel_warp import parse_conf as parse_mel_warp
 from kws.phones import PhoneCTCModel, keyword_phones, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
@@ -336,6 +337,7 @@ class TrainState:
     autocast_dtype: object = None  # PRECISIONS[training_config.precision]
     phone_ctc: float = 0.0  # training_config.phone_ctc: the weight of the phoneme CTC loss (kws.phones)
     phone_targets: dict = None  # key -> phoneme class ids, for the utterances it applies to
+    phone_ctc_warped: bool = True  # dataset_conf.mel_warp.phone_ctc: the warped utterances count in it
     confusable_weight: float = 1.0  # training_config.confusable_weight
     confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.datalist)
 
@@ -428,7 +430,7 @@ def batch_backward(state, batch, active_ranks):
     """Forward and backward of one batch, the loss scaled so that DDP's average over all ranks is the
     mean over the `active_ranks` that had a batch. Returns 0-dim tensors on the training device (not
     read here: no host sync): (keyword loss, acc, phoneme CTC loss or nan)."""
-    keys, feats, lengths, targets = batch
+    keys, feats, lengths, targets, warped = batch
     host_lengths = lengths.cpu()  # a batch's lengths are on the host (kws.dataset.Featurizer): no copy
     feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
     if state.autocast_dtype is None:
@@ -440,7 +442,8 @@ def batch_backward(state, batch, active_ranks):
     loss, acc = keyword_loss(state, logits, lengths, targets, keys, confusable_weights(state, keys))
     total, phone_loss = loss, torch.full((), float("nan"), device=state.device)
     if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
-        ctc = phone_ctc_loss(second, host_lengths, keys, state.phone_targets)
+        skip = None if state.phone_ctc_warped else warped
+        ctc = phone_ctc_loss(second, host_lengths, keys, state.phone_targets, skip)
         total, phone_loss = loss + state.phone_ctc * ctc, ctc.detach()
     scale = state.dist.world_size / active_ranks
     (total * scale if scale != 1 else total).backward()
@@ -545,7 +548,7 @@ def evaluate(state, batches):
     sums = torch.zeros(2, dtype=torch.float64, device=state.device)  # read once, at the end
     utts = 0
     with torch.no_grad():
-        for keys, feats, lengths, targets in batches:
+        for keys, feats, lengths, targets, _warped in batches:
             feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
             logits, _ = model(feats)
             loss, acc = keyword_loss(state, logits, lengths, targets, keys)
@@ -699,6 +702,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         autocast_dtype=PRECISIONS[tc["precision"]],
         phone_ctc=float(tc.get("phone_ctc") or 0.0),
         phone_targets=phone_targets(train_set.items, phones, cropped_keys(train_set)) if phones else None,
+        phone_ctc_warped=(parse_mel_warp(config["dataset_conf"].get("mel_warp")) or {}).get("phone_ctc", True),
         confusable_weight=float(1.0 if tc.get("confusable_weight") is None else tc["confusable_weight"]),
         confusable_keys=frozenset(item["key"] for item in train_items if item.get("kind") in CONFUSABLE_KINDS),
     )

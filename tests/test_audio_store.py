@@ -53,7 +53,7 @@ def test_batches_from_a_store_equal_batches_from_the_wavs(corpus, world_size):
         for epoch in (0, 1):
             a, b = list(featurize.batches(plain, epoch)), list(featurize.batches(packed, epoch))
             assert [x[0] for x in a] == [x[0] for x in b] and a
-            for (_, fa, la, ta), (_, fb, lb, tb) in zip(a, b):
+            for (_, fa, la, ta, _), (_, fb, lb, tb, _) in zip(a, b):
                 assert torch.equal(la, lb) and torch.equal(ta, tb) and torch.equal(fa, fb)
 
 

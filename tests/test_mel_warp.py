@@ -34,7 +34,9 @@ def test_vtl_moves_every_formant_the_same_way():
     bins = np.arange(40)
     envelope = np.exp(-0.5 * ((bins - 8) / 1.5) ** 2) + np.exp(-0.5 * ((bins - 20) / 1.5) ** 2)
     feats = torch.tensor(envelope, dtype=torch.float32).expand(1, 5, 40).contiguous()
-    moved = warp(feats, np.random.default_rng(0))[0, 0].numpy()
+    moved, rows = warp(feats, np.random.default_rng(0))
+    moved = moved[0, 0].numpy()
+    assert rows.tolist() == [True]
     for start, stop in ((0, 14), (14, 30)):
         part = moved[start:stop]
         centre = float((part * bins[start:stop]).sum() / part.sum())
@@ -44,11 +46,13 @@ def test_vtl_moves_every_formant_the_same_way():
 def test_only_drawn_utterances_change_and_padding_stays_zero():
     feats = torch.randn(6, 30, 40)
     feats[:, 20:] = 0
-    warped = MelWarp(parse_conf({"p": 0.5}))(feats, np.random.default_rng(3))
+    warped, rows = MelWarp(parse_conf({"p": 0.5}))(feats, np.random.default_rng(3))
     changed = [not torch.equal(warped[row], feats[row]) for row in range(6)]
     assert any(changed) and not all(changed)
+    assert rows.tolist() == changed  # what the phoneme loss is told (mel_warp.phone_ctc)
     assert torch.all(warped[:, 20:] == 0)
-    assert torch.equal(MelWarp(parse_conf({"p": 0.0}))(feats, np.random.default_rng(3)), feats)
+    unchanged, rows = MelWarp(parse_conf({"p": 0.0}))(feats, np.random.default_rng(3))
+    assert torch.equal(unchanged, feats) and not rows.any()
 
 
 def test_featurizer_warps_training_batches_only_and_reproducibly():
@@ -58,6 +62,8 @@ def test_featurizer_warps_training_batches_only_and_reproducibly():
     conf = {"fbank_conf": FBANK, "mel_warp": {"p": 1.0}}
     plain = Featurizer({"fbank_conf": FBANK})(batch, epoch=1, index=0)[1]
     warped = [Featurizer(conf, seed=5)(batch, epoch=e, index=0)[1] for e in (1, 1, 2)]
+    assert Featurizer(conf, seed=5)(batch, epoch=1, index=0)[4].tolist() == [True] * 3
+    assert not Featurizer({"fbank_conf": FBANK})(batch, epoch=1, index=0)[4].any()
     assert torch.equal(warped[0], warped[1])  # same seed, epoch and batch: bit-identical
     assert not torch.equal(warped[0], warped[2])  # a new speaker every epoch
     assert not torch.equal(plain, warped[0])
@@ -74,6 +80,7 @@ def test_featurizer_warps_training_batches_only_and_reproducibly():
         ({"high": "x"}, r"dataset_conf.mel_warp.high: expected a number"),
         ("yes", r"dataset_conf.mel_warp: expected a mapping"),
         ({"kind": "pitch"}, r"dataset_conf.mel_warp.kind: expected one of formants, vtl"),
+        ({"phone_ctc": "no"}, r"dataset_conf.mel_warp.phone_ctc: expected true or false"),
     ],
 )
 def test_bad_settings_name_the_key(conf, message):

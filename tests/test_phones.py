@@ -126,6 +126,12 @@ def test_ctc_head_learns_and_a_batch_without_targets_still_reaches_it():
     none = phone_ctc_loss(model(feats)[1], [30, 20], ["x", "y"], targets)
     none.backward()
     assert none.item() == 0.0 and model.phone_head.weight.grad is not None
+    # utterances in `skip` (dataset_conf.mel_warp.phone_ctc: false skips the warped ones) do not count
+    phone_logits = model(feats)[1]
+    only_b = phone_ctc_loss(phone_logits, [30, 20], ["a", "b"], targets, torch.tensor([True, False]))
+    assert torch.allclose(only_b, phone_ctc_loss(phone_logits[1:], [20], ["b"], targets))
+    skip_all = phone_ctc_loss(phone_logits, [30, 20], ["a", "b"], targets, torch.tensor([True, True]))
+    assert skip_all.item() == 0.0
 
 
 @pytest.fixture(scope="module")
