@@ -115,6 +115,8 @@ def test_a_missing_engine_names_its_package(monkeypatch):
         engines.check_engine("flite")
     with pytest.raises(KwsError, match="apt-get install festival festvox-kallpc16k"):
         CorpusSpec(engines=["espeak", "festival"])
+    with pytest.raises(KwsError, match=r"engine pico is not installed .*libttspico-utils .*install_nonfree_voices"):
+        CorpusSpec(engines=["espeak", "pico"])
     with pytest.raises(KwsError, match="corpus.engines: unknown engine 'say'"):
         engines.check_engine("say")
     CorpusSpec()  # the library default needs eSpeak NG only
@@ -261,11 +263,14 @@ def test_speaker_transforms_change_what_they_should_only():
 
 @pytest.fixture(scope="module")
 def english(tmp_path_factory):
-    for engine in ("festival", "flite"):
+    for engine in ("festival", "flite", "pico"):
         _need(engine)
     root = tmp_path_factory.mktemp("english")
     spec = CorpusSpec(
-        **ENGLISH, engines=["espeak", "festival"], heldout_engine="flite", speaker_augment=list(aug.SPEAKER_TRANSFORMS)
+        **ENGLISH,
+        engines=["espeak", "festival", "pico"],
+        heldout_engine="flite",
+        speaker_augment=list(aug.SPEAKER_TRANSFORMS),
     )
     runs = {
         name: synthesize_corpus(root / name, size="tiny", seed=5, threads=threads, log=_quiet, spec=spec)
@@ -290,8 +295,9 @@ def test_english_corpus_records_engines_and_keeps_speakers_apart(english):
             speaker = voice.partition("+")[2] if engine == "espeak" else engines.voices(engine)[voice]
             speakers.setdefault(split, set()).add((engine, speaker))
         engines_heard = {value.split()[0] for value in said.values()}
-        assert engines_heard == ({"flite"} if split == HELDOUT_SPLIT else engines_heard & {"espeak", "festival"})
-    assert {e for e, _ in speakers["train"]} == {"espeak", "festival"}
+        trained = {"espeak", "festival", "pico"}
+        assert engines_heard == ({"flite"} if split == HELDOUT_SPLIT else engines_heard & trained)
+    assert {e for e, _ in speakers["train"]} == trained  # Pico's two speakers both train (too few to deal out)
     names = {split: {s for _, s in pairs} for split, pairs in speakers.items()}
     for a in names:
         for b in names:

