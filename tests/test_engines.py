@@ -19,7 +19,16 @@ from kws.errors import KwsError
 from kws.synth import augment as aug
 from kws.synth import engines
 from kws.synth.corpus import HELDOUT_SPLIT, SPLITS, CorpusSpec, plan_corpus, synthesize_corpus
-from kws.synth.phrases import PHONEME_NEIGHBOURS, VOWELS, _normal, base_phoneme, keyword_names, make_profile, token_of
+from kws.synth.phrases import (
+    PHONEME_NEIGHBOURS,
+    VOWELS,
+    _normal,
+    base_phoneme,
+    keyword_names,
+    make_profile,
+    spell_out,
+    token_of,
+)
 
 RATE = 16000
 ENGLISH = {"language": "en-us", "keywords": ["hey kws"]}
@@ -95,6 +104,17 @@ def test_phoneme_near_misses_never_change_only_a_reduced_vowel():
     confusables = set(profile.phoneme_confusables)
     assert made["reduced vowel"] and not made["reduced vowel"] & confusables
     assert made["stressed vowel"] & confusables and made["consonant"] & confusables
+
+
+def test_every_engine_spells_a_word_without_vowels():
+    """The corpus's phonemes of "kws" are its letters' names (eSpeak NG spells it); Pico would say it as
+    one syllable, so it is given the letters."""
+    assert spell_out("Hey kws, play music!") == "Hey K W S, play music!"
+    assert spell_out("hey rhythm") == "hey rhythm" and spell_out("kwsxyz") == "kwsxyz"
+    _need("pico")
+    spelled = aug.trim_silence(engines.speak("hey K W S", "en-us", "en-US", engine="pico"), RATE)
+    said = aug.trim_silence(engines.speak("hey kws", "en-us", "en-US", engine="pico"), RATE)
+    assert len(said) == len(spelled)
 
 
 def test_other_languages_get_fillers_in_their_own_language():

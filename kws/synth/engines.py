@@ -163,13 +163,16 @@ def _flite(requests, log):
 def _pico(requests, log):
     """pico2wave, one process an utterance (about 10 ms each); rate and pitch on the waveform (Pico's own
     markup for them would be read aloud by other engines' texts)."""
+    from kws.synth.phrases import spell_out
+
     out = []
     with tempfile.TemporaryDirectory(prefix="kws-pico-") as tmp:
         for index, request in enumerate(requests):
             if request["voice"] not in PICO_VOICES:
                 raise KwsError(f"Pico has no voice {request['voice']!r} (choose from {', '.join(PICO_VOICES)})")
             path = Path(tmp) / f"{index}.wav"  # pico2wave insists on the .wav suffix
-            command = ["pico2wave", "-l", request["voice"], "-w", str(path), "--", request["text"]]
+            text = spell_out(request["text"])  # what the corpus's phonemes say: "kws" is K W S
+            command = ["pico2wave", "-l", request["voice"], "-w", str(path), "--", text]
             try:
                 run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
             except FileNotFoundError:

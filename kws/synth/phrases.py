@@ -562,6 +562,18 @@ _SPLIT = re.compile(r"[\s_,.!?;:，。！？、]+")
 _LATIN = re.compile(r"^[a-zA-Z]+$")
 
 
+def is_spelled(word):
+    """A Latin word without a vowel, of at most 5 letters ("kws"): eSpeak NG, Flite and Festival say its
+    letters one by one, and so the corpus's phonemes of it are the letters' names."""
+    return bool(_LATIN.match(word)) and not re.search("[aeiouyAEIOUY]", word) and len(word) <= 5
+
+
+def spell_out(text):
+    """`text` with each spelled word written as its capital letters ("hey kws" -> "hey K W S"), for an
+    engine that would otherwise read it as a word (SVOX Pico says "kws" as one syllable)."""
+    return re.sub(r"[A-Za-z]+", lambda m: " ".join(m[0].upper()) if is_spelled(m[0]) else m[0], text)
+
+
 def phrase_units(phrase, language):
     """The phrase's words; a CJK phrase without spaces: its characters."""
     words = [w for w in _SPLIT.split(phrase.strip()) if w]
@@ -786,7 +798,7 @@ class PhraseProfile:
         """Each word (a spelled word: each letter) swapped for the lexicon's nearest-sounding entries."""
         out = set()
         for i, (unit, ph) in enumerate(zip(units, unit_phonemes)):
-            spelled = bool(_LATIN.match(unit)) and not re.search("[aeiouyAEIOUY]", unit) and len(unit) <= 5
+            spelled = is_spelled(unit)
             parts = list(unit) if spelled and len(unit) > 1 else [unit]
             for k, part in enumerate(parts):
                 target = sum(lex_ph[part], []) if part in lex_ph else ph
