@@ -399,6 +399,20 @@ def _dry_run(tmp_path, configfile, jobs, count=r"[12]", *extra):
     return root, run.stdout
 
 
+def test_english_second_heldout_engine_config_holds_pico_out(tmp_path):
+    """config/heldout_pico.yaml on top of hey_kws.yaml: Pico says test_engine, in a results folder of its own."""
+    from workflow_utils import REPO, make_workdir, snakemake
+
+    for engine in ("festival", "pico"):
+        _need(engine)
+    root = make_workdir(tmp_path / "w")
+    configs = [str(REPO / "config" / name) for name in ("hey_kws.yaml", "heldout_pico.yaml")]
+    run = snakemake(root, "-n", "-p", "--configfile", *configs, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "results/hey_kws_pico/ds_tcn_small/test_engine/metrics.json" in run.stdout
+    assert "--engines espeak festival --heldout-engine pico" in run.stdout
+
+
 def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
     _need("mbrola")
     jobs = ("score", "score_test_engine", "compute_det_test_engine")
