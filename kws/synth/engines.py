@@ -129,62 +129,41 @@ def _finish(audio, request, native_rate):
     return samples, rate
 
 
-def _flite(requests, log):
+def _one_process_each(engine, label, requests, log, command_of, native_rate):
+    """Engines run once an utterance (Flite, Pico): `command_of(request, wav path)` is the command line."""
     out = []
-    with tempfile.TemporaryDirectory(prefix="kws-flite-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"kws-{engine}-") as tmp:
         for index, request in enumerate(requests):
-            path = Path(tmp) / f"{index}.wav"
-            stretch = NORMAL_RATE / float(request.get("rate", NORMAL_RATE))
-            command = [
-                "flite",
-                "-voice",
-                request["voice"],
-                "--setf",
-                f"duration_stretch={stretch:.4f}",
-                "-t",
-                request["text"],
-                "-o",
-                str(path),
-            ]
+            path = Path(tmp) / f"{index}.wav"  # pico2wave insists on the .wav suffix
             try:
-                run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
+                run = subprocess.run(command_of(request, path), capture_output=True, timeout=TIMEOUT_S)
             except FileNotFoundError:
-                raise _missing("flite") from None
+                raise _missing(engine) from None
             audio = read_engine_wav(path) if run.returncode == 0 else None
             if audio is None and log:
                 log(
-                    f"Flite failed on {request['text']!r} with {request['voice']} "
+                    f"{label} failed on {request['text']!r} with {request['voice']} "
                     f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped"
                 )
-            out.append(_finish(audio, request, native_rate=True))
+            out.append(_finish(audio, request, native_rate=native_rate))
     return out
 
 
-def _pico(requests, log):
-    """pico2wave, one process an utterance (about 10 ms each); rate and pitch on the waveform (Pico's own
-    markup for them would be read aloud by other engines' texts)."""
+def _flite_command(request, path):
+    stretch = NORMAL_RATE / float(request.get("rate", NORMAL_RATE))
+    voice, text = request["voice"], request["text"]
+    return ["flite", "-voice", voice, "--setf", f"duration_stretch={stretch:.4f}", "-t", text, "-o", str(path)]
+
+
+def _pico_command(request, path):
+    """pico2wave (about 10 ms an utterance); rate and pitch are done on the waveform (Pico's own markup
+    for them would be read aloud by the other engines)."""
     from kws.synth.phrases import spell_out
 
-    out = []
-    with tempfile.TemporaryDirectory(prefix="kws-pico-") as tmp:
-        for index, request in enumerate(requests):
-            if request["voice"] not in PICO_VOICES:
-                raise KwsError(f"Pico has no voice {request['voice']!r} (choose from {', '.join(PICO_VOICES)})")
-            path = Path(tmp) / f"{index}.wav"  # pico2wave insists on the .wav suffix
-            text = spell_out(request["text"])  # what the corpus's phonemes say: "kws" is K W S
-            command = ["pico2wave", "-l", request["voice"], "-w", str(path), "--", text]
-            try:
-                run = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S)
-            except FileNotFoundError:
-                raise _missing("pico") from None
-            audio = read_engine_wav(path) if run.returncode == 0 else None
-            if audio is None and log:
-                log(
-                    f"Pico failed on {request['text']!r} with {request['voice']} "
-                    f"(exit {run.returncode}: {run.stderr.decode(errors='replace').strip()[:200]}); skipped"
-                )
-            out.append(_finish(audio, request, native_rate=False))
-    return out
+    if request["voice"] not in PICO_VOICES:
+        raise KwsError(f"Pico has no voice {request['voice']!r} (choose from {', '.join(PICO_VOICES)})")
+    text = spell_out(request["text"])  # what the corpus's phonemes say: "kws" is K W S
+    return ["pico2wave", "-l", request["voice"], "-w", str(path), "--", text]
 
 
 def _scheme_string(text):
@@ -241,9 +220,9 @@ def _module(engine):
 
 _BACKENDS = {
     "espeak": _espeak,
-    "flite": _flite,
+    "flite": lambda requests, log: _one_process_each("flite", "Flite", requests, log, _flite_command, True),
     "festival": _festival,
-    "pico": _pico,
+    "pico": lambda requests, log: _one_process_each("pico", "Pico", requests, log, _pico_command, False),
     **{
         engine: (lambda requests, log, engine=engine: _module(engine).synthesize(requests, log))
         for engine in MODULE_ENGINES
