@@ -69,7 +69,8 @@ def test_every_utterance_exactly_once_across_ranks(train_list, world_size, sort)
     keys = collections.Counter(key for rank in batches.values() for batch in rank for key in batch[0])
     assert keys == collections.Counter(item["key"] for item in items)
     for rank_batches in batches.values():
-        for keys_, feats, lengths, targets in rank_batches:
+        for keys_, feats, lengths, targets, warped in rank_batches:
+            assert not warped.any()  # no mel_warp configured
             assert feats.dtype == torch.float32 and feats.dim() == 3 and feats.shape[2] == 16
             assert feats.shape[0] == len(keys_) == lengths.numel() == targets.numel() <= 4
             assert feats.shape[1] % 32 == 0 and 0 <= feats.shape[1] - int(lengths.max()) < 32
@@ -82,7 +83,7 @@ def test_batch_features_equal_per_utterance_features(train_list):
     data_list, items = train_list
     by_key = {item["key"]: item for item in items}
     cv = cv_dataset_conf(conf())
-    for keys, feats, lengths, _ in epoch_batches(data_list, cv, 1)[0]:
+    for keys, feats, lengths, _, _ in epoch_batches(data_list, cv, 1)[0]:
         for row, key in enumerate(keys):
             alone = compute_fbank(read_wav(by_key[key]["wav"]), cv["fbank_conf"], dither=0.0)
             assert int(lengths[row]) == alone.shape[0]

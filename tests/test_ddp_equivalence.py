@@ -33,11 +33,12 @@ def make_batch(seed, count, frames=20):
         torch.randn(count, frames, INPUT_DIM, generator=generator),
         lengths,
         torch.tensor([(seed + i) % 3 - 1 for i in range(count)]),
+        torch.zeros(count, dtype=torch.bool),  # no row mel-warped (kws.mel_warp)
     )
 
 
 def union(a, b):
-    return (a[0] + b[0], torch.cat([a[1], b[1]]), torch.cat([a[2], b[2]]), torch.cat([a[3], b[3]]))
+    return (a[0] + b[0], *(torch.cat([x, y]) for x, y in zip(a[1:], b[1:])))
 
 
 def make_state(world_size):
