@@ -71,7 +71,8 @@ def make_batch(index, count=4, frames=30):
     generator = torch.Generator().manual_seed(index)
     keys = [f"u{index}_{i}" for i in range(count)]
     lengths = torch.randint(frames // 2, frames + 1, (count,), generator=generator)
-    return keys, torch.randn(count, frames, INPUT_DIM, generator=generator), lengths, torch.tensor([0, 1, -1, 0])
+    feats = torch.randn(count, frames, INPUT_DIM, generator=generator)
+    return keys, feats, lengths, torch.tensor([0, 1, -1, 0]), torch.zeros(count, dtype=torch.bool)  # none warped
 
 
 def make_state(log_interval):
