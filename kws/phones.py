@@ -181,13 +181,23 @@ class PhoneCheck:
     def apply(self, outputs, state):
         """(checked posteriors [T, K] float64 of outputs [T, K + V + 1], new state)."""
         outputs = np.asarray(outputs, dtype=np.float64)
-        checked = outputs[:, : self.num_keywords].copy()
         if not len(self.last) or self.alpha == 0.0:
-            return checked, state
+            return outputs[:, : self.num_keywords].copy(), state
+        scores, state = self.keyword_scores(outputs, state)
+        return self.weigh(outputs, scores, self.alpha), state
+
+    def keyword_scores(self, outputs, state):
+        """(path scores s [T, checked keywords] of outputs [T, K + V + 1] float64, new state): the part of
+        the check that does not depend on alpha."""
         relative_log = np.log(np.maximum(outputs[:, self.num_keywords :], self.FLOOR))
-        scores, state = self.path_scores(relative_log, state)
-        checked[:, self.checked] *= np.exp(self.alpha * scores / self.lengths)
-        return checked, state
+        return self.path_scores(relative_log, state)
+
+    def weigh(self, outputs, scores, alpha):
+        """The posteriors [T, K] of outputs [T, K + V + 1] float64 checked at `alpha` by path scores s."""
+        checked = outputs[:, : self.num_keywords].copy()
+        if len(self.last) and alpha != 0.0:
+            checked[:, self.checked] *= np.exp(alpha * scores / self.lengths)
+        return checked
 
 
 def keyword_path_scores(log_probs, labels):
@@ -198,15 +208,38 @@ def keyword_path_scores(log_probs, labels):
     return check.path_scores(relative, check.init_state())[0][:, 0]
 
 
+def phone_check_alpha(value):
+    """--phone-check's value: a number (alpha), or a phone_check.json that choose_phone_check.py wrote (its
+    `alpha`, chosen on a dev split)."""
+    import argparse
+    import json
+
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        with open(value, encoding="utf-8") as handle:
+            alpha = json.load(handle)["alpha"]
+    except FileNotFoundError:
+        raise argparse.ArgumentTypeError(f"{value}: neither a number nor a phone_check.json file") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise argparse.ArgumentTypeError(f"{value}: not a phone_check.json with an `alpha` ({err})") from None
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+        raise argparse.ArgumentTypeError(f"{value}: `alpha` must be a number >= 0, got {alpha!r}")
+    return float(alpha)
+
+
 def add_phone_check_argument(parser):
     """--phone-check ALPHA, as score.py and export_model.py take it (config score.phone_check)."""
     parser.add_argument(
         "--phone-check",
-        type=float,
+        type=phone_check_alpha,
         default=0.0,
         metavar="ALPHA",
         help="weight of the phoneme head's check of each keyword (checkpoints trained with training_config."
-        "phone_ctc): scores become p * exp(ALPHA * path score per phoneme); 0 (default): p alone",
+        "phone_ctc): scores become p * exp(ALPHA * path score per phoneme); 0 (default): p alone; or the "
+        "phone_check.json of choose_phone_check.py, the alpha chosen on a dev split",
     )
 
 

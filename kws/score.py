@@ -89,6 +89,38 @@ def format_line(key, token, values):
     return f"{key} {token} " + ("%.6f " * values.size % tuple(values.tolist())).rstrip() + "\n"
 
 
+def load_scoring_model(checkpoint, dict_path, device):
+    """(model, payload, keyword tokens, dictionary, inference fbank conf) of a checkpoint scored against a
+    dictionary; a keyword count that differs from the dictionary's is an error."""
+    from kws.checkpoint import load_model
+
+    dictionary = read_dictionary(dict_path)
+    tokens = keyword_names(dictionary)
+    model, payload = load_model(checkpoint, device=device)
+    if payload["num_keywords"] != len(tokens):
+        raise KwsError(
+            f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
+            f"lists {len(tokens)} keyword(s)"
+        )
+    fbank_conf = inference_fbank(fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {}))
+    return model, payload, tokens, dictionary, fbank_conf
+
+
+def network_outputs(network, items, fbank_conf, input_dim, device, batch_size, max_batch_frames, where):
+    """Yield (item, outputs [T, ...] as numpy) of every item in order: `network` over batches of features."""
+    done = 0
+    for batch in _batches(items, batch_size, max_batch_frames, fbank_conf):
+        dims = {feats.shape[1] for _, feats in batch}
+        if dims != {input_dim}:
+            raise KwsError(f"{where}: model expects {input_dim}-dim features, fbank gives {dims}")
+        padded = torch.nn.utils.rnn.pad_sequence([feats for _, feats in batch], batch_first=True)
+        probs = posteriors(network, padded, device, max_batch_frames).numpy()
+        for row, (item, feats) in enumerate(batch):
+            yield item, probs[row, : feats.shape[0]]
+        done += len(batch)
+        log.info("scored %d/%d utterances", done, len(items))
+
+
 def score(
     checkpoint,
     test_data,
@@ -104,7 +136,6 @@ def score(
 
     phone_check: alpha of the phoneme head's check of each keyword (kws.phones.PhoneCheck); 0 or a
     checkpoint without the head scores with the keyword head alone."""
-    from kws.checkpoint import load_model
     from kws.fileio import atomic_open
     from kws.phones import inference_network
 
@@ -113,36 +144,21 @@ def score(
     if threads:
         torch.set_num_threads(int(threads))
     device = resolve_device(device)
-    dictionary = read_dictionary(dict_path)
-    tokens = keyword_names(dictionary)
-    model, payload = load_model(checkpoint, device=device)
-    if payload["num_keywords"] != len(tokens):
-        raise KwsError(
-            f"{checkpoint}: model has {payload['num_keywords']} keyword output(s) but {dict_path} "
-            f"lists {len(tokens)} keyword(s)"
-        )
+    model, payload, tokens, dictionary, fbank_conf = load_scoring_model(checkpoint, dict_path, device)
     network, check, _ = inference_network(model, payload, phone_check, checkpoint)
-    fbank_conf = inference_fbank(fbank_conf_of((payload.get("config") or {}).get("dataset_conf") or {}))
     items = read_data_list(test_data, dictionary=dictionary)
     done = 0
     with atomic_open(out) as handle:
-        for batch in _batches(items, batch_size, max_batch_frames, fbank_conf):
-            lengths = [feats.shape[0] for _, feats in batch]
-            dims = {feats.shape[1] for _, feats in batch}
-            if dims != {payload["input_dim"]}:
-                raise KwsError(f"{checkpoint}: model expects {payload['input_dim']}-dim features, fbank gives {dims}")
-            padded = torch.nn.utils.rnn.pad_sequence([feats for _, feats in batch], batch_first=True)
-            probs = posteriors(network, padded, device, max_batch_frames).numpy()
-            for row, ((item, _), length) in enumerate(zip(batch, lengths)):
-                if check is not None:  # each utterance from the start, as the detector reads a stream
-                    probs_row, _ = check.apply(probs[row, :length], check.init_state())
-                else:
-                    probs_row = probs[row, :length]
-                for index, token in enumerate(tokens):
-                    handle.write(format_line(item["key"], token, probs_row[:, index]))
-            done += len(batch)
-            log.info("scored %d/%d utterances", done, len(items))
+        outputs = network_outputs(
+            network, items, fbank_conf, payload["input_dim"], device, batch_size, max_batch_frames, checkpoint
+        )
+        for item, probs in outputs:
+            if check is not None:  # each utterance from the start, as the detector reads a stream
+                probs, _ = check.apply(probs, check.init_state())
+            for index, token in enumerate(tokens):
+                handle.write(format_line(item["key"], token, probs[:, index]))
+            done += 1
     return done
 
 
-__all__ = ["score", "posteriors", "format_line", "resolve_device"]
+__all__ = ["score", "posteriors", "format_line", "resolve_device", "load_scoring_model", "network_outputs"]

@@ -269,30 +269,40 @@ def _positives_with_keyword_end(path, out):
     return out
 
 
-def test_phone_check_from_training_to_the_detector(phone_corpus, tmp_path):
+@pytest.fixture(scope="module")
+def checked_model(phone_corpus, tmp_path_factory):
+    """(folder with avg.pt, corpus with positives said alone, words.txt, the averaged payload): two epochs
+    trained with the phoneme head, averaged."""
+    from kws.average import average_checkpoints, average_state_dicts
+
+    root, corpus, config, _ = phone_corpus
+    folder = tmp_path_factory.mktemp("checked")
+    corpus = {
+        **corpus,
+        "train": _positives_with_keyword_end(corpus["train"], folder / "train.list"),
+        "dev": _positives_with_keyword_end(corpus["dev"], folder / "dev.list"),
+    }
+    on = ["--override", "training_config.phone_ctc=0.5"]
+    assert train(corpus, config, folder / "model", "--max_epoch", "2", *on) == 0
+    averaged = average_checkpoints(folder / "model", 2, mode="last", out=folder / "avg.pt")
+    epochs = [torch.load(folder / "model" / f"epoch_00{e}.pt", weights_only=True) for e in (1, 2)]
+    expected_head = average_state_dicts([e["phone_head"] for e in epochs])
+    assert all(torch.equal(averaged["phone_head"][k], expected_head[k]) for k in expected_head)
+    return folder, corpus, root / "corpus" / "dict" / "words.txt", averaged
+
+
+def test_phone_check_from_training_to_the_detector(checked_model, tmp_path):
     """Trained with the phoneme head, averaged (the head too), scored with score.phone_check and exported with
     it: score.txt is p * exp(alpha * path score / phonemes) of the averaged head, and the streaming detector
     of either export reads the same checked scores."""
-    from kws.average import average_checkpoints, average_state_dicts
     from kws.detect import wav_chunks
     from kws.export import export_model
     from kws.features import fbank_conf_of, inference_fbank
     from kws.score import score, utterance_features
 
-    root, corpus, config, _ = phone_corpus
-    corpus = {
-        **corpus,
-        "train": _positives_with_keyword_end(corpus["train"], tmp_path / "train.list"),
-        "dev": _positives_with_keyword_end(corpus["dev"], tmp_path / "dev.list"),
-    }
-    words = root / "corpus" / "dict" / "words.txt"
-    on = ["--override", "training_config.phone_ctc=0.5"]
-    assert train(corpus, config, tmp_path / "model", "--max_epoch", "2", *on) == 0
-    averaged = average_checkpoints(tmp_path / "model", 2, mode="last", out=tmp_path / "avg.pt")
-    epochs = [torch.load(tmp_path / "model" / f"epoch_00{e}.pt", weights_only=True) for e in (1, 2)]
+    folder, corpus, words, averaged = checked_model
+    (tmp_path / "avg.pt").symlink_to(folder / "avg.pt")
     assert averaged["keyword_phones"] == [PHONES[0].split(), PHONES[1].split()]
-    expected_head = average_state_dicts([e["phone_head"] for e in epochs])
-    assert all(torch.equal(averaged["phone_head"][k], expected_head[k]) for k in expected_head)
 
     score(tmp_path / "avg.pt", corpus["dev"], words, tmp_path / "plain.txt")
     score(tmp_path / "avg.pt", corpus["dev"], words, tmp_path / "checked.txt", phone_check=1.0)
@@ -329,7 +339,94 @@ def test_phone_check_from_training_to_the_detector(phone_corpus, tmp_path):
             np.testing.assert_allclose(streamed[:, k], np.array(row[2:], dtype=float), atol=2e-5)
 
 
+def _score_script():
+    """scripts/score.py as a module (its parse_args and main)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("score_script", REPO / "scripts" / "score.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_alpha_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checked_model, tmp_path):
+    """score.phone_check as a list: each candidate's dev FRR is what score.py at that alpha and compute_det
+    give at the export's target on ordinary negatives (a near-miss left out); the lowest mean over keywords
+    wins, ties to the larger alpha; score.py then takes the written file as --phone-check."""
+    from kws.det import compute_det
+    from kws.phone_choice import choose_phone_check
+    from kws.score import score
+
+    score_script = _score_script()
+
+    folder, corpus, words, _ = checked_model
+    items = [json.loads(line) for line in Path(corpus["dev"]).read_text().splitlines()]
+    near_miss = next(i for i, item in enumerate(items) if item["txt"] < 0)
+    items[near_miss]["kind"] = "near_miss"
+    dev = tmp_path / "dev.list"
+    dev.write_text("".join(json.dumps(item) + "\n" for item in items))
+    candidates = [2.0, 0, 0.5, 8]
+    # 1e4 FA/h: a few false alarms in the dev split's seconds, where this barely trained model's alphas differ
+    choice = choose_phone_check(folder / "avg.pt", dev, words, tmp_path / "phone_check.json", candidates, fa_target=1e4)
+    assert json.loads((tmp_path / "phone_check.json").read_text()) == choice
+    assert choice["candidates"] == [0.0, 0.5, 2.0, 8.0] and choice["negatives"] == "ordinary"
+    for alpha in choice["candidates"]:
+        score(folder / "avg.pt", dev, words, tmp_path / f"score_{alpha:g}.txt", phone_check=alpha)
+        scored = tmp_path / f"score_{alpha:g}.txt"
+        metrics = compute_det(scored, dev, words, tmp_path / f"det_{alpha:g}", fa_targets=[1e4])
+        row = choice["dev_frr"][f"{alpha:g}"]
+        for name, summary in metrics["keywords"].items():
+            expected = summary["ordinary"]["operating_points"][0]["frr"]
+            assert row[name] == (1.0 if expected is None else expected), (alpha, name)
+        assert row["mean"] == pytest.approx(np.mean([row[name] for name in metrics["keywords"]]))
+    means = {alpha: choice["dev_frr"][f"{alpha:g}"]["mean"] for alpha in choice["candidates"]}
+    assert len(set(means.values())) > 1  # the candidates do differ here
+    assert choice["alpha"] == max(alpha for alpha, mean in means.items() if mean == min(means.values()))
+
+    score_script.main(
+        ["--checkpoint", str(folder / "avg.pt"), "--test-data", str(dev), "--dict", str(words)]
+        + ["--out", str(tmp_path / "chosen.txt"), "--phone-check", str(tmp_path / "phone_check.json")]
+    )
+    chosen = tmp_path / f"score_{choice['alpha']:g}.txt"
+    assert (tmp_path / "chosen.txt").read_bytes() == chosen.read_bytes()
+
+
+def test_the_lowest_mean_frr_wins_and_ties_go_to_the_larger_alpha():
+    from kws.phone_choice import best_alpha, check_candidates
+
+    assert best_alpha({0.0: {"mean": 0.5}, 0.25: {"mean": 0.3}, 0.5: {"mean": 0.3}, 1.0: {"mean": 0.4}}) == 0.5
+    assert best_alpha({0.0: {"mean": 0.2}, 0.25: {"mean": 1 / 3 - 1e-12}, 0.5: {"mean": 1.0}}) == 0.0
+    assert best_alpha({0.0: {"mean": 0.1 + 0.2}, 0.25: {"mean": 0.3}}) == 0.25  # equal but for rounding
+    assert check_candidates([0.5, 0, 0.5]) == [0.0, 0.5]
+    for bad in ([], [-0.1, 1]):
+        with pytest.raises(KwsError, match="score.phone_check: candidates must be numbers >= 0"):
+            check_candidates(bad)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "neither a number nor a phone_check.json file"),
+        ("{not json", "not a phone_check.json with an `alpha`"),
+        ('{"candidates": [0]}', "not a phone_check.json with an `alpha`"),
+        ('{"alpha": -1}', "`alpha` must be a number >= 0"),
+    ],
+)
+def test_a_bad_phone_check_file_is_a_one_line_error(tmp_path, capsys, content, message):
+    score_script = _score_script()
+
+    path = tmp_path / "phone_check.json"
+    if content is not None:
+        path.write_text(content)
+    argv = ["--checkpoint", "a.pt", "--test-data", "t.list", "--dict", "w.txt", "--out", str(tmp_path / "s.txt")]
+    with pytest.raises(SystemExit) as exit_info:
+        score_script.parse_args(argv + ["--phone-check", str(path)])
+    assert exit_info.value.code == 2
+    assert f"argument --phone-check: {path}: {message}" in capsys.readouterr().err
+
+
 def test_phone_check_without_a_head_scores_the_keyword_head_alone(phone_corpus, tmp_path, caplog):
+    from kws.phone_choice import choose_phone_check
     from kws.score import score
 
     root, corpus, config, _ = phone_corpus
@@ -339,6 +436,8 @@ def test_phone_check_without_a_head_scores_the_keyword_head_alone(phone_corpus, 
     score(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "checked.txt", phone_check=0.5)
     assert (tmp_path / "plain.txt").read_bytes() == (tmp_path / "checked.txt").read_bytes()
     assert "no phoneme head" in caplog.text
+    choice = choose_phone_check(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "c.json", [0, 1])
+    assert choice["alpha"] == 0.0 and choice["reason"] == "no phoneme check to weigh"
     with pytest.raises(KwsError, match="score.phone_check must be a number >= 0"):
         score(tmp_path / "model" / "epoch_001.pt", corpus["dev"], words, tmp_path / "bad.txt", phone_check=-1)
     assert not (tmp_path / "bad.txt").exists()

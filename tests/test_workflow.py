@@ -228,6 +228,8 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"average/mode": "last"}, AVERAGING_ONWARD),
         # the phoneme check reads the averaged model: rescored and re-exported, never retrained
         ({"score/phone_check": 0.5}, SCORING_ONWARD | {"score"}),
+        # a list: the alpha is chosen on the dev split first
+        ({"score/phone_check": [0, 0.5]}, SCORING_ONWARD | {"score", "choose_phone_check"}),
         (
             {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}},
             TRAIN_ONWARD,

@@ -282,9 +282,43 @@ def average_args():
 
 
 def score_args():
-    s = config["score"]
+    return f"--device {'cuda' if config['score']['gpu'] else 'cpu'}"
+
+
+def phone_check_chosen():
+    """score.phone_check as a list of alphas: each model's is chosen on its dev split (choose_phone_check)."""
+    return isinstance(config["score"]["phone_check"], list)
+
+
+def phone_check_input():
+    """The chosen alpha's file, an input of scoring and export when score.phone_check is a list."""
+    return f"{OUT}/{{exp}}/phone_check.json" if phone_check_chosen() else []
+
+
+def phone_check_argument():
+    """--phone-check with the configured alpha; with a list, the shell takes the chosen alpha's file
+    (phone_check_from_file). Plain strings, so that Snakemake's params trigger sees a changed alpha.
+    """
     return (
-        f"--device {'cuda' if s['gpu'] else 'cpu'} --phone-check {s['phone_check']:g}"
+        ""
+        if phone_check_chosen()
+        else f"--phone-check {config['score']['phone_check']:g}"
+    )
+
+
+def phone_check_from_file():
+    """The shell's --phone-check of the chosen alpha's file (an input), when score.phone_check is a list."""
+    return " --phone-check {input.phone_check}" if phone_check_chosen() else ""
+
+
+def phone_check_choice_args():
+    """choose_phone_check.py's arguments: the candidates, and the export's FA/h target and negatives."""
+    target, negatives = export_target()
+    candidates = " ".join(f"{x:g}" for x in config["score"]["phone_check"])
+    return (
+        f"--candidates {candidates} --fa-target {target:g} --negatives {negatives}"
+        f" --window-shift {config['det']['window_shift']} --step {config['det']['step']:g}"
+        f" {score_args()}"
     )
 
 
@@ -304,10 +338,7 @@ def export_target():
 
 def export_args():
     target, negatives = export_target()
-    return (
-        f"--fa-target {target:g} --negatives {negatives} --window-shift {config['det']['window_shift']}"
-        f" --phone-check {config['score']['phone_check']:g}"
-    )
+    return f"--fa-target {target:g} --negatives {negatives} --window-shift {config['det']['window_shift']}"
 
 
 def reference_args(reference_metrics):

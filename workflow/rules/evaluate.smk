@@ -22,6 +22,33 @@ rule average_model:
         " --out {output} > {log} 2>&1"
 
 
+# With score.phone_check a list, the check's alpha of each model, chosen on its dev split.
+rule choose_phone_check:
+    input:
+        model=f"{OUT}/{{exp}}/avg.pt",
+        dev=f"{DATA}/dev/data.list",
+        words=f"{DATA}/dict/words.txt",
+        script=script("choose_phone_check.py"),
+        code=code_of("choose_phone_check.py"),
+    output:
+        f"{OUT}/{{exp}}/phone_check.json",
+    log:
+        f"{OUT}/logs/choose_phone_check.{{exp}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/choose_phone_check.{{exp}}.tsv"
+    conda:
+        "../../environment.yml"
+    threads: 2
+    resources:
+        gpu=config["score"]["gpu"],
+    params:
+        args=phone_check_choice_args() if phone_check_chosen() else "",
+        launcher=score_launcher(),
+    shell:
+        "{params.launcher} python {input.script} --checkpoint {input.model} --dev-data {input.dev}"
+        " --dict {input.words} {params.args} --threads {threads} --out {output} > {log} 2>&1"
+
+
 # `test` (in-domain: held-out voices of the training engines) and, with corpus.heldout_engine, `test_engine`
 # (an engine never heard in training), each scored and DET'd the same way.
 for evalset in EVAL_SPLITS:
@@ -33,6 +60,7 @@ for evalset in EVAL_SPLITS:
             model=f"{OUT}/{{exp}}/avg.pt",
             test=f"{DATA}/{evalset}/data.list",
             words=f"{DATA}/dict/words.txt",
+            phone_check=phone_check_input(),
             script=script("score.py"),
             code=code_of("score.py"),
         output:
@@ -51,10 +79,13 @@ for evalset in EVAL_SPLITS:
             batch_size=config["score"]["batch_size"],
         params:
             args=score_args(),
+            phone_check=phone_check_argument(),
             launcher=score_launcher(),
         shell:
             "{params.launcher} python {input.script} --checkpoint {input.model} --test-data {input.test}"
-            " --dict {input.words} --out {output} {params.args} --batch-size {resources.batch_size}"
+            " --dict {input.words} --out {output} {params.args} {params.phone_check}"
+            + phone_check_from_file()
+            + " --batch-size {resources.batch_size}"
             " --threads {threads} > {log} 2>&1"
 
     rule:

@@ -9,6 +9,7 @@ rule export_model:
         test=f"{DATA}/test/data.list",
         score=f"{OUT}/{{exp}}/score.txt",
         words=f"{DATA}/dict/words.txt",
+        phone_check=phone_check_input(),
         script=script("export_model.py"),
         code=code_of("export_model.py"),
     output:
@@ -31,7 +32,10 @@ rule export_model:
         out_dir=lambda wildcards, output: Path(output.onnx).parent,
         # the deployed detector (kws-detect's defaults) runs over the whole test split, streams included
         args=export_args(),
+        phone_check=phone_check_argument(),
     shell:
         "python {input.script} --checkpoint {input.model} --dict {input.words} --metrics {input.metrics}"
-        " --test-data {input.test} --score {input.score} {params.args} --threads {threads}"
+        " --test-data {input.test} --score {input.score} {params.args} {params.phone_check}"
+        + phone_check_from_file()
+        + " --threads {threads}"
         " --out-dir {params.out_dir} > {log} 2>&1"
