@@ -617,7 +617,12 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     # Data first: a bad list fails before anything is written.
     dictionary = dictionary_arg(args.dict, args.num_keywords)
     train_items = read_data_list(args.train_data, args.num_keywords, dictionary)
-    cv_items = read_data_list(args.cv_data, args.num_keywords, dictionary)
+    # Long negative streams (the synthetic dev split's) are for choices made by scoring it (kws.phone_choice),
+    # not for the per-utterance cv loss that ranks checkpoints, where one 60 s negative would weigh as much
+    # as a hundred short utterances.
+    cv_items = [
+        item for item in read_data_list(args.cv_data, args.num_keywords, dictionary) if item.get("kind") != "stream"
+    ]
     stores = {}
     for name, data_list, items, given in (
         ("train", args.train_data, train_items, args.train_audio_store),

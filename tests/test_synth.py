@@ -267,7 +267,8 @@ def test_cli(tmp_path):
 def test_default_plan_is_the_one_before_engines_and_phrases(monkeypatch):
     """The default corpus (Mandarin, eSpeak only) draws exactly what it drew before the synthesis engines and
     any-phrase profiles came in (digests of the plan and chunks recorded from b9f382b's code, whose test split
-    had 400 utterances and 2,700 s of streams), and its larger test split since left train and dev as they were."""
+    had 400 utterances and 2,700 s of streams and dev none), and its larger test split and dev's streams since
+    left train and dev's utterances as they were."""
     import hashlib
     import json
 
@@ -286,17 +287,35 @@ def test_default_plan_is_the_one_before_engines_and_phrases(monkeypatch):
 
     plan, _ = plan_corpus("default", 666)
     assert len([i for i in plan["test"] if i["token"] == "<HI_XIAOWEN>"]) == 300
-    monkeypatch.setitem(corpus.SIZES, "default", {**corpus.SIZES["default"], "test": 400, "stream_seconds": 2700})
+    older = {"test": 400, "stream_seconds": 2700, "dev_stream_seconds": 0}  # dev had no streams then
+    monkeypatch.setitem(corpus.SIZES, "default", {**corpus.SIZES["default"], **older})
     before, _ = plan_corpus("default", 666)
     assert digest(before) == "29b04160c3287e2e64141625506ef61da9f60a1c541ce00c8d9fb691ec4bc84c"
     assert digest(make_chunks(before, 666)) == "c86c119294c9ccc9759d3a5e1b981ade2684aafdbbce9a2d6f8c824902c16f35"
-    assert digest({s: plan[s] for s in ("train", "dev")}) == digest({s: before[s] for s in ("train", "dev")})
+    utterances = [item for item in plan["dev"] if item["kind"] != "stream"]
+    assert digest({"train": plan["train"], "dev": utterances}) == digest({s: before[s] for s in ("train", "dev")})
     chunks, old_chunks = make_chunks(plan, 666), make_chunks(before, 666)
-    assert digest([c for c in chunks if c["items"][0]["split"] != "test"]) == digest(
-        [c for c in old_chunks if c["items"][0]["split"] != "test"]
+    assert digest([c for c in chunks if c["items"][0]["split"] == "train"]) == digest(
+        [c for c in old_chunks if c["items"][0]["split"] == "train"]
     )
     plan, _ = plan_corpus("tiny", SEED)
     assert digest(plan) == "57f3f7bc85f6d6395215c9a50e78fa75ddc2f3e89a727049878570619d7fd539"
+
+
+def test_dev_streams_follow_the_dev_utterances_and_change_nothing_else(monkeypatch):
+    """dev's long negative streams (for the phoneme check's choice on dev) come after its utterances, which
+    stay as they were without streams, as do train and test."""
+    from kws.synth import corpus
+
+    with_streams, _ = plan_corpus("small", 666)
+    monkeypatch.setitem(corpus.SIZES, "small", {**corpus.SIZES["small"], "dev_stream_seconds": 0})
+    without, _ = plan_corpus("small", 666)
+    dev, count = with_streams["dev"], len(without["dev"])
+    assert dev[:count] == without["dev"] and not any(item["kind"] == "stream" for item in without["dev"])
+    streams = dev[count:]
+    assert streams and all(item["kind"] == "stream" and item["token"] == "<FILLER>" for item in streams)
+    assert sum(item["length"] for item in streams) >= corpus.SIZES["small"]["dev_stream_seconds"]
+    assert with_streams["train"] == without["train"] and with_streams["test"] == without["test"]
 
 
 def test_each_utterance_records_engine_and_voice(corpora):

@@ -122,6 +122,38 @@ def test_same_seed_same_checkpoints(setup, reference):
     assert not torch.equal(a["classifier.linear.weight"], b["classifier.linear.weight"])
 
 
+def test_negative_streams_in_the_dev_list_leave_the_cv_loss_alone(setup, reference, tmp_path):
+    """A synthetic dev split's long negative streams (kind `stream`) are for scoring choices, not the cv
+    loss that ranks checkpoints: a dev list with one trains the same checkpoints, cv loss and all."""
+    import json
+
+    import numpy as np
+    import soundfile
+
+    _, corpus, config = setup
+    items = [json.loads(line) for line in Path(corpus["dev"]).read_text().splitlines()]
+    audio = np.concatenate([soundfile.read(item["wav"], dtype="int16")[0] for item in items] * 4)
+    soundfile.write(tmp_path / "stream.wav", audio, 16000, subtype="PCM_16")
+    stream = {"key": "zz_stream", "txt": -1, "duration": len(audio) / 16000, "wav": str(tmp_path / "stream.wav")}
+    dev = tmp_path / "dev.list"
+    dev.write_text("".join(json.dumps(item) + "\n" for item in items + [{**stream, "kind": "stream"}]))
+    with_stream = tmp_path / "with_stream"
+    assert (
+        trainer.main(train_argv({**corpus, "dev": dev}, config, with_stream, "--threads", "1", "--max_epoch", "3")) == 0
+    )
+    for epoch in (1, 2, 3):
+        assert_same_checkpoint(reference / f"epoch_{epoch:03d}.pt", with_stream / f"epoch_{epoch:03d}.pt")
+    # the same utterance as an ordinary negative does count
+    dev.write_text("".join(json.dumps(item) + "\n" for item in items + [stream]))
+    assert (
+        trainer.main(
+            train_argv({**corpus, "dev": dev}, config, tmp_path / "counted", "--threads", "1", "--max_epoch", "1")
+        )
+        == 0
+    )
+    assert state(tmp_path / "counted" / "epoch_001.pt")["cv_loss"] != state(reference / "epoch_001.pt")["cv_loss"]
+
+
 def test_resume_skips_corrupt_checkpoint_and_ends_identical(setup, reference, caplog):
     model_dir = setup[0] / "resumed"
     assert run_inprocess(setup, model_dir, "--max_epoch", "2", "--num_workers", "1") == 0

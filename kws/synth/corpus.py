@@ -28,14 +28,45 @@ HELDOUT_SPLIT = "test_engine"  # the test split of the held-out engine (corpus.h
 FILLER = "<FILLER>"
 SAMPLE_RATE = 16000
 
-# utterances per split, and seconds of long filler streams in test (and test_engine). The default test
-# split resolves its targets: 300 positives a keyword (one miss is 0.33 points) and 3.3 filler hours, so
-# zero false alarms bound the rate below 1 FA/h (95 %, one-sided: 3.0 / hours); large: over 10 filler hours.
+# utterances per split, and seconds of long filler streams in test (and test_engine) and in dev. The
+# default test split resolves its targets: 300 positives a keyword (one miss is 0.33 points) and 3.3 filler
+# hours, so zero false alarms bound the rate below 1 FA/h (95 %, one-sided: 3.0 / hours); large: over 10
+# filler hours. dev's streams are for the choices made on it by scoring (kws.phone_choice): without them
+# its negatives are short utterances only, while the test's thresholds are set by its streams (the cv loss
+# leaves them out: kws.trainer). Appended after dev's utterances, which they leave byte-identical.
 SIZES = {
-    "tiny": {"train": 24, "dev": 8, "test": 8, "stream_seconds": 20, "stream_length": (20, 25)},
-    "small": {"train": 320, "dev": 60, "test": 80, "stream_seconds": 300, "stream_length": (20, 60)},
-    "default": {"train": 9600, "dev": 300, "test": 2000, "stream_seconds": 9000, "stream_length": (20, 60)},
-    "large": {"train": 16000, "dev": 2000, "test": 4000, "stream_seconds": 10 * 3600, "stream_length": (20, 60)},
+    "tiny": {
+        "train": 24,
+        "dev": 8,
+        "test": 8,
+        "stream_seconds": 20,
+        "stream_length": (20, 25),
+        "dev_stream_seconds": 0,
+    },
+    "small": {
+        "train": 320,
+        "dev": 60,
+        "test": 80,
+        "stream_seconds": 300,
+        "stream_length": (20, 60),
+        "dev_stream_seconds": 120,
+    },
+    "default": {
+        "train": 9600,
+        "dev": 300,
+        "test": 2000,
+        "stream_seconds": 9000,
+        "stream_length": (20, 60),
+        "dev_stream_seconds": 1800,
+    },
+    "large": {
+        "train": 16000,
+        "dev": 2000,
+        "test": 4000,
+        "stream_seconds": 10 * 3600,
+        "stream_length": (20, 60),
+        "dev_stream_seconds": 3600,
+    },
 }
 VOICE_SHARE = {"train": 0.7, "dev": 0.15, "test": 0.15}
 SPEEDS = (0.9, 0.95, 1.05, 1.1)  # speed perturbation factors of augmented utterances
@@ -232,12 +263,14 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
             if item["token"] != FILLER:  # where its keyword ends is known only when nothing follows it
                 item["keyword_text"] = spoken_keyword(profile, item["requests"][0]["text"])
             items.append(item)
-        if split in ("test", HELDOUT_SPLIT):
+        stream_seconds = {"test": sizes["stream_seconds"], HELDOUT_SPLIT: sizes["stream_seconds"]}
+        stream_seconds["dev"] = sizes.get("dev_stream_seconds", 0)
+        if stream_seconds.get(split, 0) > 0:
             low, high = sizes["stream_length"]
             total, index = 0.0, len(items)
             stream_shares = _split_kinds(profile, profile.stream_kind_share, voices[split])
             stream_kinds, weights = list(stream_shares), list(stream_shares.values())
-            while total < sizes["stream_seconds"]:
+            while total < stream_seconds[split]:
                 length = round(rng.uniform(low, high), 2)
                 n_segments = int(length / 2.2) + 3  # spare segments; the stream is cut at `length`
                 items.append(
