@@ -12,7 +12,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint (e.g. avg.pt)")
     parser.add_argument("--dev-data", required=True, help="data.list of the dev split")
-    parser.add_argument("--dict", required=True, help="dict/words.txt")
+    parser.add_argument("--dict", dest="dict_path", required=True, help="dict/words.txt")
     parser.add_argument("--candidates", type=float, nargs="+", required=True, metavar="ALPHA")
     parser.add_argument("--negatives", choices=NEGATIVES, default="ordinary", help="negatives FA/h counts")
     parser.add_argument("--fa-target", type=float, default=1.0, help="FA/h at which FRR is compared")
@@ -29,20 +29,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    choice = choose_phone_check(
-        args.checkpoint,
-        args.dev_data,
-        args.dict,
-        args.out,
-        args.candidates,
-        negatives=args.negatives,
-        fa_target=args.fa_target,
-        window_shift=args.window_shift,
-        step=args.step,
-        batch_size=args.batch_size,
-        device=args.device,
-        threads=args.threads,
-    )
+    choice = choose_phone_check(**vars(args))  # the options are the function's keywords
     table = " ".join(f"{alpha}: {100 * row['mean']:.1f} %" for alpha, row in choice.get("dev_frr", {}).items())
     why = table or choice.get("reason")
     print(f"phone check alpha {choice['alpha']:g} for {args.checkpoint} ({why}) -> {args.out}")

@@ -339,14 +339,18 @@ def test_phone_check_from_training_to_the_detector(checked_model, tmp_path):
             np.testing.assert_allclose(streamed[:, k], np.array(row[2:], dtype=float), atol=2e-5)
 
 
-def _score_script():
-    """scripts/score.py as a module (its parse_args and main)."""
+def _script(name):
+    """scripts/<name>.py as a module (its parse_args and main)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("score_script", REPO / "scripts" / "score.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_script", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _score_script():
+    return _script("score")
 
 
 def test_the_alpha_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checked_model, tmp_path):
@@ -389,6 +393,13 @@ def test_the_alpha_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checke
     )
     chosen = tmp_path / f"score_{choice['alpha']:g}.txt"
     assert (tmp_path / "chosen.txt").read_bytes() == chosen.read_bytes()
+
+    # the command line the workflow runs writes the same choice
+    _script("choose_phone_check").main(
+        ["--checkpoint", str(folder / "avg.pt"), "--dev-data", str(dev), "--dict", str(words)]
+        + ["--candidates", "2", "0", "0.5", "8", "--fa-target", "1e4", "--out", str(tmp_path / "cli.json")]
+    )
+    assert json.loads((tmp_path / "cli.json").read_text()) == {**choice, "checkpoint": str(folder / "avg.pt")}
 
 
 def test_the_lowest_mean_frr_wins_and_ties_go_to_the_larger_alpha():
