@@ -113,8 +113,8 @@ def choose_phone_check(
             network, items, fbank_conf, payload["input_dim"], device, batch_size, max_batch_frames, checkpoint
         ):
             probs = np.asarray(probs, dtype=np.float64)
-            outputs.append(probs)
             path_scores.append(check.keyword_scores(probs, check.init_state())[0])
+            outputs.append(probs[:, : len(tokens)])  # the keyword posteriors are all `weigh` reads
         thresholds = thresholds_for(step)
         table = {}
         for alpha in candidates:
