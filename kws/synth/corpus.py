@@ -240,6 +240,8 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         sizes["train"] = train_utterances
     profile = make_profile(spec["language"], spec["keywords"])
     voices = split_voices(seed, spec["engines"], spec["heldout_engine"])
+    stream_seconds = {"dev": sizes["dev_stream_seconds"], "test": sizes["stream_seconds"]}
+    stream_seconds[HELDOUT_SPLIT] = sizes["stream_seconds"]
     plan = {}
     for split_index, split in enumerate(spec.splits):
         rng = random.Random(f"plan-{seed}-{split}")
@@ -263,8 +265,6 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
             if item["token"] != FILLER:  # where its keyword ends is known only when nothing follows it
                 item["keyword_text"] = spoken_keyword(profile, item["requests"][0]["text"])
             items.append(item)
-        stream_seconds = {"test": sizes["stream_seconds"], HELDOUT_SPLIT: sizes["stream_seconds"]}
-        stream_seconds["dev"] = sizes.get("dev_stream_seconds", 0)
         if stream_seconds.get(split, 0) > 0:
             low, high = sizes["stream_length"]
             total, index = 0.0, len(items)
