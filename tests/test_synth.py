@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,26 @@ def test_resampler_keeps_the_passband():
     assert np.abs(y[500:-500] - ref[500:-500]).max() < 0.01
     high = resample(np.sin(2 * np.pi * 10000 * t).astype(np.float32), rate, 16000)
     assert np.sqrt(np.mean(high[500:-500] ** 2)) < 0.05  # above the new Nyquist: removed
+
+
+def test_resampler_is_each_output_its_own_windowed_sinc_sum():
+    # the resampler gathers whole periods of outputs at a time; each output must still be the plain sum
+    # over its own window of inputs with its own phase's taps, the same in every block
+    from kws.synth.augment import _polyphase_table
+
+    x = np.random.default_rng(3).standard_normal(3001).astype(np.float32)
+    for rates in [(22050, 16000), (16000, 22050), (48000, 16000), (16000, Fraction(16000) * Fraction(97, 100))]:
+        ratio = Fraction(rates[1]) / Fraction(rates[0])
+        up, down = ratio.numerator, ratio.denominator
+        table, half = _polyphase_table(up, down)
+        padded = np.concatenate([np.zeros(half), x.astype(np.float64), np.zeros(4 * half + down)])
+        direct = [
+            padded[n * down // up + 1 :][: 2 * half] @ table[n * down % up] for n in range(-(-len(x) * up // down))
+        ]
+        y = resample(x, *rates)
+        assert len(y) == len(direct)
+        np.testing.assert_allclose(y, np.float32(direct), rtol=0, atol=1e-6)
+        assert np.array_equal(resample(x, *rates, block=7), y)
 
 
 def test_variants_and_positive_share():

@@ -27,7 +27,11 @@ def _polyphase_table(up, down, zero_crossings=8, beta=8.0, rolloff=0.94):
 
 
 def resample(samples, orig_rate, new_rate, block=1 << 16):
-    """Band-limited rational resampling (polyphase windowed sinc). Rates may be Fractions."""
+    """Band-limited rational resampling (polyphase windowed sinc). Rates may be Fractions.
+
+    Output sample m * up + p (p < up) weighs the window of inputs starting at m * down + p * down // up
+    with phase p's taps: the windows are rows of one strided view, gathered a period of `up` outputs at a
+    time, so each output is the same sum in the same order as a per-sample gather would make it."""
     ratio = Fraction(new_rate) / Fraction(orig_rate)
     if ratio == 1:
         return np.asarray(samples, dtype=np.float32)
@@ -35,14 +39,19 @@ def resample(samples, orig_rate, new_rate, block=1 << 16):
     table, half = _polyphase_table(up, down)
     x = np.asarray(samples, dtype=np.float64)
     n_out = -(-len(x) * up // down)
-    padded = np.concatenate([np.zeros(half), x, np.zeros(half + 1)])
-    offsets = np.arange(-half + 1, half + 1) + half
-    out = np.empty(n_out, dtype=np.float64)
-    for start in range(0, n_out, block):
-        n = np.arange(start, min(start + block, n_out), dtype=np.int64) * down
-        base, phase = n // up, n % up
-        out[start : start + len(n)] = np.einsum("nk,nk->n", padded[base[:, None] + offsets[None, :]], table[phase])
-    return out.astype(np.float32)
+    periods = -(-n_out // up)
+    first = np.arange(up, dtype=np.int64) * down  # the first period's input positions x up
+    starts, phases = first // up + 1, first % up
+    tail = max(half + 1, (periods - 1) * down + int(starts[-1]) + 2 * half - half - len(x))
+    padded = np.concatenate([np.zeros(half), x, np.zeros(tail)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half)
+    taps = table[phases]
+    out = np.empty((periods, up), dtype=np.float64)
+    step = max(1, block // up)
+    for m in range(0, periods, step):
+        rows = np.arange(m, min(m + step, periods), dtype=np.int64)[:, None] * down + starts[None, :]
+        out[m : m + len(rows)] = np.einsum("mpk,pk->mp", windows[rows], taps)
+    return out.reshape(-1)[:n_out].astype(np.float32)
 
 
 def pcm16_to_float(pcm):
