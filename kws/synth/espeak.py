@@ -136,6 +136,8 @@ def engine():
     if _ENGINE is None:
         _ENGINE = Engine()
     if _ZYGOTE is None or _ZYGOTE.owner != os.getpid():  # a forked copy of a process gets its own
+        if _ZYGOTE is not None:
+            _ZYGOTE.release()  # the parent's pipes: holding them open would keep its zygote alive
         _ZYGOTE = _Zygote(_ENGINE)
     return _ENGINE
 
@@ -198,13 +200,17 @@ class _Zygote:
                 os.set_blocking(self.records, True)
                 return bytes(data), code
 
-    def close(self):
-        if self.owner != os.getpid() or self.pid is None:
-            return
+    def release(self):
+        """Close this process's ends of the pipes (the zygote sees EOF once no process holds them)."""
         for fd in (self.control, self.requests, self.records, self.status):
             os.close(fd)
-        os.waitpid(self.pid, 0)
         self.pid = None
+
+    def close(self):
+        if self.owner == os.getpid() and self.pid is not None:
+            pid = self.pid
+            self.release()
+            os.waitpid(pid, 0)
 
 
 def _serve(eng, control, requests, records, status):
