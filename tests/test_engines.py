@@ -169,6 +169,9 @@ def test_festival_gives_the_same_bytes_every_run():
     # with address-space randomisation on, eight runs of this batch gave four different waveforms of the
     # last request (so a corpus with Festival differed between syntheses of one config)
     _need("festival")
+    with fixed_memory_layout() as fixed:
+        if not fixed and not os.environ.get("CI"):
+            pytest.skip("this sandbox refuses personality(ADDR_NO_RANDOMIZE): Festival's output may vary")
     voices = engines.festival_voices()
     if not {"kal_diphone", "cmu_us_slt_arctic_hts"} <= set(voices):
         pytest.fail(f"the Festival voices of .ci/run are missing: {voices}")
@@ -180,9 +183,6 @@ def test_festival_gives_the_same_bytes_every_run():
         {"engine": "festival", "text": "hey kws.", "voice": kal, "rate": 197},
     ]
     runs = {engines.synthesize_batch(batch)[-1][0].tobytes() for _ in range(6)}
-    with fixed_memory_layout() as fixed:
-        if not fixed and not os.environ.get("CI"):
-            pytest.skip("this sandbox refuses personality(ADDR_NO_RANDOMIZE): Festival's output may vary")
     assert len(runs) == 1
 
 
