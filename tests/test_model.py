@@ -41,6 +41,23 @@ BACKBONES = {
         "preprocessing": {"type": "linear"},
         "backbone": {"type": "gru", "num_layers": 2, "dropout": 0.1},
     },
+    # sliding CMN's frames share the one cache with the backbone's: fewer and more channels than the
+    # backbone (INPUT_DIM 20 against 24 and 16), a GRU's state too
+    "ds_tcn_sliding_cmn": {
+        "hidden_dim": 24,
+        "preprocessing": {"type": "linear", "sliding_cmn": 12},
+        "backbone": {"type": "tcn", "ds": True, "num_layers": 3, "kernel_size": 4, "dropout": 0.1},
+    },
+    "mdtc_sliding_cmn": {
+        "hidden_dim": 16,
+        "preprocessing": {"type": "none", "sliding_cmn": 5},
+        "backbone": {"type": "mdtc", "stack_num": 1, "stack_size": 3, "kernel_size": 3, "hidden_dim": 16},
+    },
+    "gru_sliding_cmn": {
+        "hidden_dim": 24,
+        "preprocessing": {"type": "linear", "sliding_cmn": 8},
+        "backbone": {"type": "gru", "num_layers": 2, "dropout": 0.1},
+    },
 }
 INPUT_DIM = 20
 
@@ -242,12 +259,40 @@ def test_torchscript_streaming(name):
     assert (torch.cat([first, second], dim=1) - full).abs().max().item() < 1e-5
 
 
+def test_sliding_cmn_removes_a_constant_offset_once_its_window_is_full():
+    """A level or microphone change adds a constant to log-mel features: with sliding CMN the model's
+    output does not change once the window and the backbone's context hold only the changed frames."""
+    model = make_model("ds_tcn_sliding_cmn")
+    feats = features(1, 80)
+    offset = torch.linspace(-3.0, 4.0, INPUT_DIM)  # per bin: a level change plus a channel's tilt
+    settled = model.norm_context + model.backbone.cache_frames
+    with torch.no_grad():
+        base, _ = model(feats)
+        moved, _ = model(feats + offset)
+        plain = make_model("ds_tcn")
+        plain_base, _ = plain(feats)
+        plain_moved, _ = plain(feats + offset)
+    assert settled < 80
+    torch.testing.assert_close(moved[:, settled:], base[:, settled:], rtol=0, atol=1e-4)
+    assert (moved[:, :settled] - base[:, :settled]).abs().max() > 1e-3  # before, the corpus's mean still counts
+    assert (plain_moved - plain_base).abs().max() > 1e-2  # without it the offset reaches the output
+
+
+@pytest.mark.parametrize("window", [1, -3, 2.5, True])
+def test_sliding_cmn_window_is_checked(window):
+    conf = dict(BACKBONES["ds_tcn"], preprocessing={"type": "linear", "sliding_cmn": window})
+    with pytest.raises(KwsError, match="model.preprocessing.sliding_cmn"):
+        build_model(conf, INPUT_DIM, 2)
+
+
 def test_receptive_field_counts_every_causal_context():
     tcn = build_model(BACKBONES["ds_tcn"], INPUT_DIM, 2)
     assert receptive_field(tcn) == 1 + 7 * (1 + 2 + 4 + 8)  # kernel 8, dilations 1..8: WeKws's 1.06 s
     mdtc = build_model(BACKBONES["mdtc"], INPUT_DIM, 2)
     assert receptive_field(mdtc) == 1 + 4 * (1 + 2 * (1 + 2 + 4))  # input block, then 2 stacks of 3
     assert receptive_field(build_model(BACKBONES["gru"], INPUT_DIM, 2)) is None
+    sliding = build_model(BACKBONES["ds_tcn_sliding_cmn"], INPUT_DIM, 2)
+    assert receptive_field(sliding) == 12 + 3 * (1 + 2 + 4)  # the window, then the backbone's contexts
 
 
 def test_default_model_sees_each_test_keyword_whole():

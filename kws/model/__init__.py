@@ -16,18 +16,32 @@ from kws.errors import KwsError
 from kws.model.backbones import GRU, MDTC, TCN
 from kws.model.classifier import LinearClassifier
 from kws.model.cmvn import GlobalCMVN, cmvn_mean_istd
+from kws.model.normalise import SlidingCMN
 
 __all__ = ["KWSModel", "StreamingWrapper", "build_model", "count_parameters", "GlobalCMVN", "cmvn_mean_istd"]
 
 
 class KWSModel(nn.Module):
-    """global_cmvn -> preprocessing -> backbone -> classifier; outputs per-frame logits."""
+    """global_cmvn -> [sliding CMN] -> preprocessing -> backbone -> classifier; outputs per-frame logits.
 
-    def __init__(self, input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier):
+    With sliding CMN (a window of W frames) the one cache tensor is [B, max(D, C), W - 1 + F]: its first
+    W - 1 frames hold the last features (D channels), the rest the backbone's cache (C channels, F
+    frames; a GRU's [B, layers, hidden] alike), each zero-padded to the larger channel count. Without it
+    the cache is the backbone's own.
+    """
+
+    def __init__(self, input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier, sliding_cmn=0):
         super().__init__()
         self.input_dim = input_dim
         self.num_keywords = num_keywords
         self.global_cmvn = global_cmvn
+        # a module either way (it has no weights: state dicts are alike), so TorchScript types both branches
+        self.normaliser = SlidingCMN(input_dim, max(sliding_cmn, 1))
+        self.norm_context = sliding_cmn - 1 if sliding_cmn else 0
+        backbone_cache = backbone.init_cache(1)
+        self.backbone_channels = backbone_cache.size(1)
+        self.backbone_frames = backbone_cache.size(2)
+        self.cache_channels = max(input_dim, self.backbone_channels)
         self.preprocessing = preprocessing
         self.backbone = backbone
         self.classifier = classifier
@@ -40,6 +54,9 @@ class KWSModel(nn.Module):
             device = ref.device
         if dtype is None:
             dtype = ref.dtype
+        if self.norm_context > 0:
+            frames = self.norm_context + self.backbone_frames
+            return torch.zeros(batch_size, self.cache_channels, frames, device=device, dtype=dtype)
         return self.backbone.init_cache(batch_size, device=device, dtype=dtype)
 
     def forward(self, feats, cache: Optional[torch.Tensor] = None):
@@ -49,8 +66,17 @@ class KWSModel(nn.Module):
     def hidden(self, feats, cache: Optional[torch.Tensor] = None):
         """The backbone's output [B, T, H] (what the classifier reads) and the new cache."""
         x = self.global_cmvn(feats)
-        x = self.preprocessing(x)
-        return self.backbone(x, cache)
+        if self.norm_context == 0:
+            return self.backbone(self.preprocessing(x), cache)
+        if cache is None:
+            cache = self.init_cache(x.size(0), device=x.device, dtype=x.dtype)
+        x, norm_cache = self.normaliser(x, cache[:, : self.input_dim, : self.norm_context])
+        backbone_cache = cache[:, : self.backbone_channels, self.norm_context :]
+        y, backbone_cache = self.backbone(self.preprocessing(x), backbone_cache)
+        return y, torch.cat((self._padded(norm_cache), self._padded(backbone_cache)), dim=2)
+
+    def _padded(self, cache):
+        return torch.nn.functional.pad(cache, (0, 0, 0, self.cache_channels - cache.size(1)))
 
 
 class StreamingWrapper(nn.Module):
@@ -72,7 +98,7 @@ def receptive_field(model):
     cannot tell "你好问问" from the hard negative "好问问". Compare it with the keywords' durations.
     """
     frames = getattr(model.backbone, "cache_frames", None)
-    return None if frames is None else frames + 1
+    return None if frames is None else frames + getattr(model, "norm_context", 0) + 1
 
 
 def count_parameters(model, trainable_only=False):
@@ -122,6 +148,11 @@ def build_model(model_conf, input_dim, num_keywords, cmvn=None):
         backbone_in = input_dim
     else:
         raise KwsError(f"model.preprocessing.type: unknown type {prep_type!r} (linear|none)")
+    sliding_cmn = model_conf["preprocessing"].get("sliding_cmn") or 0
+    if isinstance(sliding_cmn, bool) or not isinstance(sliding_cmn, int) or sliding_cmn < 0 or sliding_cmn == 1:
+        raise KwsError(
+            f"model.preprocessing.sliding_cmn: expected a window of at least 2 frames or 0 (off), got {sliding_cmn!r}"
+        )
 
     where = "model.backbone"
     bconf = model_conf.get("backbone")
@@ -159,4 +190,4 @@ def build_model(model_conf, input_dim, num_keywords, cmvn=None):
     classifier = LinearClassifier(
         backbone.output_dim, num_keywords, dropout=_dropout(model_conf, "classifier_dropout", "model", 0.0)
     )
-    return KWSModel(input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier)
+    return KWSModel(input_dim, num_keywords, global_cmvn, preprocessing, backbone, classifier, sliding_cmn)
