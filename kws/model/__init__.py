@@ -36,7 +36,7 @@ class KWSModel(nn.Module):
         self.num_keywords = num_keywords
         self.global_cmvn = global_cmvn
         # a module either way (it has no weights: state dicts are alike), so TorchScript types both branches
-        self.normaliser = SlidingCMN(input_dim, max(sliding_cmn, 1))
+        self.normaliser = SlidingCMN(max(sliding_cmn, 1))
         self.norm_context = sliding_cmn - 1 if sliding_cmn else 0
         backbone_cache = backbone.init_cache(1)
         self.backbone_channels = backbone_cache.size(1)
