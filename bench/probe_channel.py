@@ -24,8 +24,8 @@ from kws.fileio import atomic_open  # noqa: E402
 
 def mic_gain_db(freqs):
     """A small microphone: bass rolled off below 500 Hz (6 dB an octave, first order) and a presence
-    peak of 8 dB around 3 kHz (an octave wide): 14 dB between 125 Hz and 3 kHz, over twice the corpus's
-    EQ tilt at its largest."""
+    peak of 8 dB around 3 kHz (an octave wide): 20 dB between 125 Hz and 3 kHz, where the corpus's EQ
+    tilt (3 dB an octave at most) reaches 14 dB."""
     freqs = np.maximum(freqs, 1.0)
     highpass = 10 * np.log10((freqs / 500.0) ** 2 / (1 + (freqs / 500.0) ** 2))
     peak = 8.0 * np.exp(-0.5 * (np.log2(freqs / 3000.0) / 0.5) ** 2)
