@@ -156,18 +156,13 @@ class BatchAugment:
         self.bank = read_noise_bank(noise["bank"]).to(self.device) if noise.get("bank") else None
 
     def __call__(self, samples, lengths, rng):
-        x = samples.to(torch.float32, copy=True)  # rows are replaced in place below
-        batch, width = x.shape
+        """`samples` zero past each row's length, as KwsDataset.batch and kws.dataset.gather_padded make them."""
+        batch, width = samples.shape
         if batch == 0 or width == 0:
-            return x
-        lengths = to_device(lengths, x.device)
-        mask = (torch.arange(width, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)
+            return samples.to(torch.float32, copy=True)
         reverb, noise, gain = self.settings["reverb"], self.settings["noise"], self.settings["gain_db"]
         # Every draw is made whether or not it is used, so one setting's change does not shift the others.
-        generators = {}
-        for name in ("reverb", "noise"):
-            generators[name] = torch.Generator(device=x.device)
-            generators[name].manual_seed(int(rng.integers(2**62)))
+        seeds = {name: int(rng.integers(2**62)) for name in ("reverb", "noise")}
         draws = {
             "reverb": rng.random(batch),
             "rt60": rng.uniform(*(reverb or DEFAULTS["reverb"])["rt60_s"], batch),
@@ -177,6 +172,18 @@ class BatchAugment:
             "offset": rng.random(batch),
             "gain": rng.uniform(*(gain or [0.0, 0.0]), batch),
         }
+        gains = to_device(10.0 ** (draws["gain"] / 20.0), samples.device, torch.float32).unsqueeze(1)
+        if reverb is None and noise is None:
+            # a gain alone keeps the zero padding zero: no mask to build and apply (the default model's
+            # case; on a CPU a third of the time the full path takes, the same numbers)
+            return (samples.to(torch.float32) * gains).clamp(-32768.0, 32767.0)
+        x = samples.to(torch.float32, copy=True)  # rows are replaced in place below
+        lengths = to_device(lengths, x.device)
+        mask = (torch.arange(width, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)
+        generators = {}
+        for name, seed in seeds.items():
+            generators[name] = torch.Generator(device=x.device)
+            generators[name].manual_seed(seed)
         if reverb is not None:
             rows = np.flatnonzero(draws["reverb"] < reverb["p"])
             if len(rows):
@@ -187,9 +194,7 @@ class BatchAugment:
             if len(rows):
                 at = to_device(rows, x.device)
                 x[at] = self._add_noise(x[at], mask[at], lengths[at], draws, rows, generators["noise"])
-        if gain is not None:
-            x = x * to_device(10.0 ** (draws["gain"] / 20.0), x.device, x.dtype).unsqueeze(1)
-        return (x * mask).clamp(-32768.0, 32767.0)
+        return (x * gains * mask).clamp(-32768.0, 32767.0)
 
     def _reverberate(self, x, mask, lengths, rt60, generator):
         rir = room_impulse_responses(rt60, generator, x.device)

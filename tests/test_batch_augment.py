@@ -44,6 +44,20 @@ def test_gain_alone_scales_by_the_drawn_decibels():
     torch.testing.assert_close(y, x * 10 ** (-6 / 20))
 
 
+def test_gain_alone_takes_its_short_path_to_the_same_numbers_as_the_full_one():
+    """Gain alone skips the padding mask; with noise and rooms present but never drawn (p 0) the full path
+    runs on the same draws: equal to the bit, padding zero, the int16 range kept."""
+    x, lengths = speech_batch([16000, 9000, 300, 12000], seed=4)
+    x[:, :50] = 30000.0
+    for low, high in ((-30, 6), (3, 6)):
+        for samples in (x, x.to(torch.int16)):
+            short = run({"gain_db": [low, high], "noise": None, "reverb": None}, samples, lengths, seed=7)
+            full = run({"gain_db": [low, high], "noise": {"p": 0.0}, "reverb": {"p": 0.0}}, samples, lengths, seed=7)
+            assert torch.equal(short, full) and short.dtype == torch.float32
+            assert all(torch.all(short[row, n:] == 0) for row, n in enumerate(lengths.tolist()))
+    assert float(short.max()) == 32767.0  # +3 dB at least: clipped
+
+
 def test_reverberation_decays_60_db_over_its_rt60_and_keeps_the_level():
     click = torch.zeros(1, 16000)
     click[0, 0] = 10000.0

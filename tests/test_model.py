@@ -8,6 +8,7 @@ import torch
 from kws.config import load_model_config
 from kws.errors import KwsError
 from kws.model import build_model, cmvn_mean_istd, count_parameters, receptive_field
+from kws.model.normalise import SlidingCMN
 
 torch.set_num_threads(1)
 
@@ -276,6 +277,32 @@ def test_sliding_cmn_removes_a_constant_offset_once_its_window_is_full():
     torch.testing.assert_close(moved[:, settled:], base[:, settled:], rtol=0, atol=1e-4)
     assert (moved[:, :settled] - base[:, :settled]).abs().max() > 1e-3  # before, the corpus's mean still counts
     assert (plain_moved - plain_base).abs().max() > 1e-2  # without it the offset reaches the output
+
+
+@pytest.mark.parametrize("frames", [1, 10, 11, 12, 13, 40])
+def test_sliding_cmn_without_a_cache_is_the_zero_cache_to_the_bit(frames):
+    """Training's forward (no cache) takes a shorter path than streaming: the same means and new cache,
+    bit for bit, whether the utterance is shorter than the window (12 frames here) or longer."""
+    normaliser = SlidingCMN(12)
+    x = features(2, frames) * 5 + 3
+    alone, alone_cache = normaliser(x, None)
+    zero, zero_cache = normaliser(x, torch.zeros(2, INPUT_DIM, 11))
+    assert torch.equal(alone, zero) and torch.equal(alone_cache, zero_cache)
+
+
+def test_sliding_cmn_model_without_a_cache_keeps_bf16_and_the_numbers():
+    """No cache given (training, scoring whole utterances), the backbone makes its own, in its input's dtype:
+    a float32 zero cache made every block's context float32 under bf16 autocast (the same numbers, a slower
+    step). The output and new cache equal those of the forward from the explicit zero cache."""
+    model = make_model("ds_tcn_sliding_cmn").eval()  # its dropout off
+    feats = features(3, 30)
+    caches = []
+    model.backbone.register_forward_pre_hook(lambda module, args: caches.append(args[1]))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        alone, alone_cache = model(feats)
+        zero, zero_cache = model(feats, model.init_cache(3))
+    assert caches[0] is None and caches[1].dtype == torch.float32  # what each forward gave the backbone
+    assert alone.dtype == torch.bfloat16 and torch.equal(alone, zero) and torch.equal(alone_cache, zero_cache)
 
 
 @pytest.mark.parametrize("window", [1, -3, 2.5, True])

@@ -21,6 +21,18 @@ def test_mic_response_is_the_documented_one():
     assert 19.5 < gain[2] - gain[0] < 21.0  # "20 dB between 125 Hz and 3 kHz"
 
 
+def test_room_response_is_the_documented_one():
+    response = probe.room_response()
+    tail = response[1:]
+    assert response[0] == 1.0 and not tail[: int(0.005 * 16000) - 1].any()  # direct path, then the predelay
+    assert abs(10 * np.log10(1.0 / np.sum(tail**2)) - probe.ROOM_DRR_DB) < 1e-6  # direct-to-reverberant -6 dB
+    # the tail's energy decays 60 dB in RT60: compare 0.1 s windows 0.3 s apart (-30 dB, noise aside)
+    window = int(0.1 * 16000)
+    early, late = (np.sum(tail[s : s + window] ** 2) for s in (int(0.05 * 16000), int(0.35 * 16000)))
+    assert -33 < 10 * np.log10(late / early) < -27
+    assert np.array_equal(response, probe.room_response())  # one fixed response
+
+
 def test_channels_change_level_or_shape_and_write_a_list(tmp_path):
     rng = np.random.default_rng(0)
     samples = (0.05 * rng.standard_normal(16000)).astype(np.float32)
@@ -28,7 +40,7 @@ def test_channels_change_level_or_shape_and_write_a_list(tmp_path):
     original = read_wav(tmp_path / "a.wav")
     item = {"key": "a", "txt": "<FILLER>", "wav": str(tmp_path / "a.wav")}
     (tmp_path / "data.list").write_text(json.dumps(item) + "\n")
-    for channel in ("quiet", "mic"):
+    for channel in ("quiet", "mic", "room"):
         probe.main(["--data", str(tmp_path / "data.list"), "--channel", channel, "--out", str(tmp_path / channel)])
         written = json.loads((tmp_path / channel / "data.list").read_text())
         assert written["key"] == "a" and written["wav"] == str(tmp_path / channel / "wav" / "a.wav")
