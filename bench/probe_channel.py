@@ -1,9 +1,11 @@
-"""A test split heard through another channel: the same utterances made quieter or through a fixed
-microphone response, written as a new data.list to score with scripts/score.py and compute_det.py.
+"""A test split heard through another channel: the same utterances made quieter, through a fixed
+microphone response or from across a room, written as a new data.list to score with scripts/score.py and
+compute_det.py.
 
-Recordings differ from the synthetic corpus in level and in the microphone's frequency response; the
-corpus varies both in training (levels -34 to -16 dBFS, random smooth EQ of +-3 dB an octave and two
-+-6 dB bumps), so this asks what a model does just outside those ranges. Deterministic: no random draw.
+Recordings differ from the synthetic corpus in level, in the microphone's frequency response and in the
+room; the corpus varies all three in training (levels -34 to -16 dBFS, random smooth EQ of +-3 dB an
+octave and two +-6 dB bumps, rooms of RT60 0.15-0.8 s whose tail carries 0.3-1.0 of the direct path's
+energy), so this asks what a model does just outside those ranges. Deterministic: one fixed impulse response.
 
     python bench/probe_channel.py --data results/data/synthetic/test/data.list --channel mic --out /tmp/mic
     python scripts/score.py --checkpoint results/ds_tcn_small/avg.pt --test-data /tmp/mic/data.list ...
@@ -32,13 +34,35 @@ def mic_gain_db(freqs):
     return highpass + peak
 
 
+ROOM_RT60_S = 0.6  # a living room
+ROOM_DRR_DB = -6.0  # the reverberant tail 4x the direct path's energy: a talker a few metres away
+ROOM_PREDELAY_S = 0.005
+
+
+def room_response():
+    """The room channel's impulse response at SAMPLE_RATE: a direct path of 1, then after the predelay an
+    exponentially decaying noise tail (-60 dB at ROOM_RT60_S; noise of a fixed seed) of ROOM_DRR_DB."""
+    length = int(1.2 * ROOM_RT60_S * SAMPLE_RATE)
+    t = np.arange(length) / SAMPLE_RATE
+    tail = np.random.default_rng(0).standard_normal(length) * np.exp(-6.9078 * t / ROOM_RT60_S)
+    tail[: int(ROOM_PREDELAY_S * SAMPLE_RATE)] = 0.0
+    tail *= 10 ** (-ROOM_DRR_DB / 20) / np.sqrt(np.sum(tail**2))
+    tail[0] = 1.0
+    return tail
+
+
 def through_channel(samples, channel):
     x = np.asarray(samples, np.float64)
     if channel == "quiet":  # 20 dB down: a distant or soft-spoken talker
         return x * 0.1
-    spectrum = np.fft.rfft(x)
-    gain = 10 ** (mic_gain_db(np.fft.rfftfreq(len(x), 1 / SAMPLE_RATE)) / 20)
-    y = np.fft.irfft(spectrum * gain, len(x))
+    if channel == "room":
+        response = room_response()
+        size = 1 << (len(x) + len(response) - 2).bit_length()
+        y = np.fft.irfft(np.fft.rfft(x, size) * np.fft.rfft(response, size), size)[: len(x)]
+    else:
+        spectrum = np.fft.rfft(x)
+        gain = 10 ** (mic_gain_db(np.fft.rfftfreq(len(x), 1 / SAMPLE_RATE)) / 20)
+        y = np.fft.irfft(spectrum * gain, len(x))
     before, after = np.sqrt(np.mean(x**2)), np.sqrt(np.mean(y**2))
     y = y * (before / after) if after > 0 else y  # the shape changes, not the level
     return np.clip(y, -1.0, 32767 / 32768)
@@ -47,7 +71,7 @@ def through_channel(samples, channel):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="data.list of the split")
-    parser.add_argument("--channel", choices=["quiet", "mic"], required=True)
+    parser.add_argument("--channel", choices=["quiet", "mic", "room"], required=True)
     parser.add_argument("--out", required=True, help="folder for the wavs and data.list")
     args = parser.parse_args(argv)
     out = Path(args.out)
