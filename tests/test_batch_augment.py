@@ -5,7 +5,7 @@ import pytest
 import soundfile
 import torch
 
-from kws.batch_augment import BatchAugment, parse_conf, read_noise_bank
+from kws.batch_augment import BatchAugment, fast_fft_size, parse_conf, read_noise_bank
 from kws.dataset import Featurizer, cv_dataset_conf
 from kws.errors import KwsError
 
@@ -68,6 +68,30 @@ def test_reverberation_decays_60_db_over_its_rt60_and_keeps_the_level():
     assert float(energy.sum()) == pytest.approx(float(click.square().sum()), rel=1e-3)
 
 
+@pytest.mark.parametrize("drr_db", [6.0, 0.0, -6.0])
+def test_reverberation_tail_lies_the_drawn_ratio_below_the_direct_path(drr_db):
+    click = torch.zeros(1, 16000)
+    click[0, 0] = 10000.0
+    reverb = {"p": 1.0, "rt60_s": [0.4, 0.4], "drr_db": [drr_db, drr_db]}
+    y = run({"gain_db": None, "noise": None, "reverb": reverb}, click, torch.tensor([16000]))
+    energy = y[0].square()
+    assert float(10 * torch.log10(energy[0] / energy[1:].sum())) == pytest.approx(drr_db, abs=0.01)
+    assert float(energy.sum()) == pytest.approx(float(click.square().sum()), rel=1e-3)  # the level is kept
+
+
+def test_fast_fft_size_is_the_smallest_5_smooth_size_at_least_n():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in [1, 2, 7, 97, 1000, 4097, 76001, 80000, 131073]:
+        size = fast_fft_size(n)
+        assert size >= n and smooth(size)
+        assert not any(smooth(m) for m in range(n, size))
+
+
 def test_same_draws_same_result_and_each_draw_its_own_stream():
     x, lengths = speech_batch([9000, 7000, 5000, 3000])
     on = {"noise": {"p": 1.0}, "reverb": {"p": 1.0}}
@@ -104,6 +128,7 @@ def test_noise_bank_noise_is_drawn_from_the_listed_wavs(tmp_path):
         ({"gain_db": [6, -6]}, "dataset_conf.batch_augment.gain_db: expected [low, high]"),
         ({"reverb": {"p": 1.5}}, "dataset_conf.batch_augment.reverb.p: expected a probability"),
         ({"reverb": {"rt60_s": [0.1, 3]}}, "dataset_conf.batch_augment.reverb.rt60_s: expected [low, high]"),
+        ({"reverb": {"drr_db": [3, -3]}}, "dataset_conf.batch_augment.reverb.drr_db: expected [low, high]"),
         ("yes", "dataset_conf.batch_augment: expected a mapping"),
     ],
 )
