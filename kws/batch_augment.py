@@ -121,18 +121,17 @@ def read_noise_bank(path):
     return torch.from_numpy(np.concatenate(parts) * 32768.0)
 
 
-def room_impulse_responses(rt60, generator, device, rate=SAMPLE_RATE, drr_db=None):
+def room_impulse_responses(rt60, drr_db, generator, device, rate=SAMPLE_RATE):
     """[B, L] impulse responses, L the longest RT60 (at most MAX_RIR_S): Gaussian noise decaying by 60 dB
     over each row's own RT60 (a numpy array: its longest is read on the host), its energy 10^(-drr/10)
-    (`drr_db`, a numpy array; None: 0 dB, unit energy), and a direct path of 1 at t = 0."""
+    (`drr_db`, a numpy array), and a direct path of 1 at t = 0."""
     length = int(min(float(np.float32(np.max(rt60))), MAX_RIR_S) * rate)  # float32, as the decay below
     rt60 = to_device(rt60, device, torch.float32)
     t = torch.arange(length, device=device) / rate
     decay = torch.exp(-3.0 * math.log(10.0) * t.unsqueeze(0) / rt60.unsqueeze(1))  # 10^(-3 t / rt60)
     rir = torch.randn(len(rt60), length, generator=generator, device=generator.device).to(device) * decay
     rir = rir / rir.square().sum(1, keepdim=True).sqrt().clamp_min(1e-12)
-    if drr_db is not None:
-        rir = rir * to_device(10.0 ** (-np.asarray(drr_db) / 20.0), device, torch.float32).unsqueeze(1)
+    rir = rir * to_device(10.0 ** (-np.asarray(drr_db) / 20.0), device, torch.float32).unsqueeze(1)
     rir[:, 0] = 1.0  # the direct path; the tail's energy relative to it is the DRR
     return rir
 
@@ -222,7 +221,7 @@ class BatchAugment:
         return (x * gains * mask).clamp(-32768.0, 32767.0)
 
     def _reverberate(self, x, mask, lengths, rt60, drr_db, generator):
-        rir = room_impulse_responses(rt60, generator, x.device, drr_db=drr_db)
+        rir = room_impulse_responses(rt60, drr_db, generator, x.device)
         n = fast_fft_size(x.shape[1] + rir.shape[1] - 1)
         wet = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(rir, n=n), n=n)[:, : x.shape[1]] * mask
         scale = (_power(x, mask, lengths) / _power(wet, mask, lengths).clamp_min(1e-12)).sqrt()
