@@ -70,6 +70,9 @@ def rank_main(rank, folder, batches, cv_batches):
         stats = trainer.train_one_epoch(state, batches[rank], epoch=1, counts=[len(b) for b in batches])
         cv = trainer.evaluate(state, cv_batches[rank])
         torch.save((state.bare_model.state_dict(), stats, cv), f"{folder}/rank{rank}.pt")
+        # as the trainer ends each epoch: no rank tears gloo down while its peer still talks to it (without
+        # it, one CI run in many saw rank 1 abort in teardown: "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
