@@ -28,7 +28,7 @@ from kws.checkpoint import load_model  # noqa: E402
 from kws.datalist import keyword_names, read_data_list, read_dictionary  # noqa: E402
 from kws.features import fbank_conf_of, inference_fbank  # noqa: E402
 from kws.fileio import atomic_open  # noqa: E402
-from kws.phones import PhoneCheck, inference_network  # noqa: E402
+from kws.phone_check import PhoneCheck, inference_network  # noqa: E402
 from kws.score import format_line, utterance_features  # noqa: E402
 
 

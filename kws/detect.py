@@ -9,7 +9,7 @@ Audio is processed in chunks of --chunk-ms: fbank frames are computed incrementa
 exported inference settings: no random dither, its expected power), the model runs on
 the new frames carrying its cache, so the frame posteriors equal offline scoring of the whole file.
 A model exported with the phoneme check (config score.phone_check) also outputs its phoneme head, and the
-detector checks each keyword's posteriors with it as scoring did (kws.phones.PhoneCheck, carried across
+detector checks each keyword's posteriors with it as scoring did (kws.phone_check.PhoneCheck, carried across
 chunks). A keyword is detected at the first frame whose posterior reaches its threshold; further frames of the
 same keyword are ignored for --refractory seconds after a detection (each keyword separately).
 
@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from kws.errors import KwsError, cli
-from kws.phones import PhoneCheck
+from kws.phone_check import PhoneCheck
 from kws.streaming_fbank import StreamingFbank
 
 DEFAULT_CHUNK_MS = 100
@@ -60,7 +60,8 @@ class Detector:
         self.refractory_frames = int(round(refractory / frame_seconds))
         self.keep_posteriors = keep_posteriors
         check = self.meta.get("phone_check")
-        self.check = PhoneCheck(check["labels"], check["alpha"]) if check else None  # as scoring had it
+        # as scoring had it; exports from before the window checked frame by frame
+        self.check = PhoneCheck(check["labels"], check["alpha"], check.get("window", 1)) if check else None
         self.reset()
 
     def reset(self):

@@ -28,7 +28,7 @@ import torch
 from kws.errors import KwsError
 from kws.features import fbank_conf_of, inference_fbank
 from kws.model import StreamingWrapper
-from kws.phones import PhoneOutputs, inference_network
+from kws.phone_check import PhoneOutputs, inference_network
 from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
 from kws.runners import quiet_warnings as _quiet
 from kws.tables import DEFAULT_FA_TARGET, recommended_thresholds  # noqa: F401 (export's API)
@@ -45,7 +45,7 @@ SAMPLE_RATE = 16000
 
 def build_metadata(model, config, keywords, thresholds, threshold_sources=None, phone_check=None):
     """The metadata stored with both exports (plain JSON-able data). phone_check: the description
-    kws.phones.inference_network gives of the phoneme check, when the export runs it."""
+    kws.phone_check.inference_network gives of the phoneme check, when the export runs it."""
     if len(keywords) != model.num_keywords:
         raise KwsError(f"the dictionary has {len(keywords)} keywords but the model outputs {model.num_keywords}")
     cache = model.init_cache(1)
@@ -76,7 +76,7 @@ def build_metadata(model, config, keywords, thresholds, threshold_sources=None, 
         "posteriors": "sigmoid(logits), per frame and keyword"
         + (
             "; then, with phone_check, each phoneme class's probability relative to the frame's best: "
-            "the detector's kws.phones.PhoneCheck turns them into checked scores"
+            "the detector's kws.phone_check.PhoneCheck turns them into checked scores"
             if phone_check
             else ""
         ),
@@ -337,12 +337,14 @@ def export_model(
     chunk_ms=100,
     workers=1,
     phone_check=0.0,
+    phone_check_window=1,
 ):
     """Export an (averaged) checkpoint to out_dir/{model.onnx, model.pt, export.json}; returns the report.
 
     score: the offline score.txt of test_data; given, the exported ONNX model also runs as kws-detect does
-    over the whole of test_data and must agree with it (kws.deployed). phone_check: alpha of the phoneme
-    check (kws.phones), as scoring had it; the exports then output the phoneme head too."""
+    over the whole of test_data and must agree with it (kws.deployed). phone_check, phone_check_window:
+    alpha and window of the phoneme check (kws.phone_check), as scoring had them; the exports then output the
+    phoneme head too."""
     from kws.checkpoint import load_model
     from kws.datalist import keyword_names, read_dictionary
 
@@ -355,7 +357,7 @@ def export_model(
     if len(keywords) != model.num_keywords:
         raise KwsError(f"{dict_path}: {len(keywords)} keywords, but {checkpoint} has {model.num_keywords} outputs")
     chosen = recommended_thresholds(metrics, keywords, fa_target, negatives=negatives)
-    network, _, check_meta = inference_network(model, payload, phone_check, checkpoint)
+    network, _, check_meta = inference_network(model, payload, phone_check, checkpoint, phone_check_window)
     meta = build_metadata(
         model,
         config,

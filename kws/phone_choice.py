@@ -1,18 +1,25 @@
-"""The phoneme check's weight chosen per trained model on its dev split (config score.phone_check as a list).
+"""The phoneme check's weight and window chosen per trained model on its dev split (config score.phone_check
+or score.phone_check_window as a list).
 
 One alpha does not suit every model: a model whose phoneme head reads its keyword's phonemes badly has
 every positive held down by the check (English seeds that miss 99-100 % of their keywords with alpha 0.25
 and 26-60 % without it, bench/results.md), while for most models the check is what keeps unheard voices'
 speech quiet. So each averaged model is scored once on the dev split, the check is applied at each
-candidate alpha (its path scores do not depend on alpha: one Viterbi pass serves all), and the alpha with
-the lowest mean FRR over keywords at the export's FA/h target wins, FA/h counted over the negatives the
+candidate alpha and window (its path scores depend on neither: one Viterbi pass serves all), and the pair
+with the lowest mean FRR over keywords at the export's FA/h target wins, FA/h counted over the negatives the
 export counts (`ordinary`: without the dev split's near-misses and partial keywords; `all`). On a dev
 split of a few minutes of negatives the target is met only with zero false alarms, so the criterion reads
 "misses at the lowest threshold no dev negative reaches". Ties go to the larger alpha: where dev cannot
-tell them apart, the check has measured better on speech of unheard methods (bench/results.md).
+tell them apart, the check has measured better on speech of unheard methods (bench/results.md); then to
+the smaller window, the stricter check.
 
-The choice is written as phone_check.json beside the model (`alpha`, and every candidate's FRR per
-keyword); score.py and export_model.py take the file as `--phone-check`.
+The window is per model for the same reason as alpha: where the keyword head peaks on a phrase's first
+syllables, before its last phoneme is heard, a frame-by-frame check holds every keyword down and dev
+falls back to alpha 0, while models whose two heads agree in time lose a little to a wide window
+(bench/results.md, "A window for the phoneme check").
+
+The choice is written as phone_check.json beside the model (`alpha`, `window`, and every candidate's FRR
+per keyword); score.py and export_model.py take the file as `--phone-check`.
 """
 
 import json
@@ -25,7 +32,7 @@ from kws.datalist import CONFUSABLE_KINDS, read_data_list
 from kws.det import count_false_alarms_many, det_curve, negative_kind, operating_point, thresholds_for
 from kws.errors import KwsError
 from kws.keywords import keyword_slug
-from kws.phones import inference_network
+from kws.phone_check import check_window, inference_network
 from kws.score import DEFAULT_MAX_BATCH_FRAMES, load_scoring_model, network_outputs, resolve_device
 
 log = logging.getLogger("kws.phone_choice")
@@ -39,6 +46,13 @@ def check_candidates(candidates):
     if not values or values[0] < 0:
         raise KwsError(f"score.phone_check: candidates must be numbers >= 0, at least one, got {list(candidates)}")
     return values
+
+
+def window_candidates(windows):
+    """The candidate windows as sorted unique ints >= 1; an empty list is an error."""
+    if not len(windows):
+        raise KwsError("score.phone_check_window: at least one window, got none")
+    return sorted({check_window(w) for w in windows})
 
 
 def frr_at_target(checked, items, num_keywords, negatives, fa_target, window_shift, thresholds):
@@ -62,9 +76,10 @@ def frr_at_target(checked, items, num_keywords, negatives, fa_target, window_shi
     return frr
 
 
-def best_alpha(dev_frr):
-    """The alpha of {alpha: {"mean": FRR, ...}} with the lowest mean FRR; of tied ones, the largest."""
-    return max(dev_frr, key=lambda alpha: (-round(dev_frr[alpha]["mean"], 9), alpha))
+def best_check(dev_frr):
+    """The (alpha, window) of {(alpha, window): {"mean": FRR, ...}} with the lowest mean FRR; of tied ones,
+    the largest alpha, then the smallest window."""
+    return max(dev_frr, key=lambda pair: (-round(dev_frr[pair]["mean"], 9), pair[0], -pair[1]))
 
 
 def choose_phone_check(
@@ -73,6 +88,7 @@ def choose_phone_check(
     dict_path,
     out,
     candidates,
+    windows=(1,),
     negatives="ordinary",
     fa_target=1.0,
     window_shift=50,
@@ -82,15 +98,15 @@ def choose_phone_check(
     threads=None,
     max_batch_frames=DEFAULT_MAX_BATCH_FRAMES,
 ):
-    """Choose the check's alpha for `checkpoint` among `candidates` on `dev_data`; write `out` (JSON,
-    atomically) and return its content. A checkpoint without a phoneme head gets alpha 0."""
+    """Choose the check's alpha and window for `checkpoint` among `candidates` x `windows` on `dev_data`;
+    write `out` (JSON, atomically) and return its content. A checkpoint without a phoneme head gets alpha 0."""
     from kws.fileio import atomic_open
 
     if negatives not in NEGATIVES:
         raise KwsError(f"negatives must be one of {', '.join(NEGATIVES)}, got {negatives!r}")
     if not fa_target > 0:
         raise KwsError(f"FA/h target must be a positive number, got {fa_target}")
-    candidates = check_candidates(candidates)
+    candidates, windows = check_candidates(candidates), window_candidates(windows)
     if threads:
         torch.set_num_threads(int(threads))
     device = resolve_device(device)
@@ -99,13 +115,17 @@ def choose_phone_check(
         "checkpoint": str(checkpoint),
         "dev_data": str(dev_data),
         "candidates": candidates,
+        "windows": windows,
         "negatives": negatives,
         "fa_per_hour_target": float(fa_target),
-        "criterion": "lowest mean FRR over keywords at the FA/h target; ties: the larger alpha",
+        "criterion": "lowest mean FRR over keywords at the FA/h target; ties: the larger alpha, then the "
+        "smaller window",
     }
     network, check, _ = inference_network(model, payload, max(candidates), checkpoint)
     if check is None:  # no phoneme head (or every candidate 0): nothing to weigh
-        choice.update({"alpha": 0.0, "reason": "no phoneme check to weigh" if max(candidates) else "only alpha 0"})
+        choice.update(
+            {"alpha": 0.0, "window": 1, "reason": "no phoneme check to weigh" if max(candidates) else "only alpha 0"}
+        )
     else:
         items = read_data_list(dev_data, dictionary=dictionary)
         outputs, path_scores = [], []
@@ -113,21 +133,26 @@ def choose_phone_check(
             network, items, fbank_conf, payload["input_dim"], device, batch_size, max_batch_frames, checkpoint
         ):
             probs = np.asarray(probs, dtype=np.float64)
-            path_scores.append(check.keyword_scores(probs, check.init_state())[0])
+            path_scores.append(check.keyword_scores(probs, check.init_state()[0])[0])
             outputs.append(probs[:, : len(tokens)])  # the keyword posteriors are all `weigh` reads
         thresholds = thresholds_for(step)
         table = {}
-        for alpha in candidates:
-            checked = [check.weigh(probs, scores, alpha) for probs, scores in zip(outputs, path_scores)]
-            frr = frr_at_target(checked, items, len(tokens), negatives, fa_target, window_shift, thresholds)
-            table[alpha] = {keyword_slug(tokens[k]): value for k, value in frr.items()}
-            table[alpha]["mean"] = float(np.mean(list(frr.values())))
-            log.info("alpha %g: dev FRR %s", alpha, table[alpha])
-        choice.update({"alpha": best_alpha(table), "dev_frr": {f"{alpha:g}": table[alpha] for alpha in candidates}})
+        for window in windows:
+            for alpha in candidates if window == windows[0] else [a for a in candidates if a]:
+                checked = [check.weigh(probs, scores, alpha, window)[0] for probs, scores in zip(outputs, path_scores)]
+                frr = frr_at_target(checked, items, len(tokens), negatives, fa_target, window_shift, thresholds)
+                table[alpha, window] = {keyword_slug(tokens[k]): value for k, value in frr.items()}
+                table[alpha, window]["mean"] = float(np.mean(list(frr.values())))
+                log.info("alpha %g, window %d: dev FRR %s", alpha, window, table[alpha, window])
+        alpha, window = best_check(table)
+        if alpha == 0.0:
+            window = 1  # the keyword head alone: no window to speak of
+        dev_frr = {f"alpha {a:g}" + (f", window {w}" if a else ""): row for (a, w), row in table.items()}
+        choice.update({"alpha": alpha, "window": window, "dev_frr": dev_frr})
     with atomic_open(out) as handle:
         json.dump(choice, handle, indent=2)
         handle.write("\n")
     return choice
 
 
-__all__ = ["choose_phone_check", "check_candidates", "frr_at_target", "best_alpha"]
+__all__ = ["choose_phone_check", "check_candidates", "window_candidates", "frr_at_target", "best_check"]

@@ -3,7 +3,7 @@
 `score.txt` has one line per utterance and keyword, in data.list order and keyword-id order:
 `key KEYWORD_TOKEN p_1 ... p_T` — sigmoid posteriors of the T valid frames, 6 decimals; with
 `phone_check` (alpha > 0, a checkpoint trained with the phoneme head) each checked by the head as
-kws.phones.PhoneCheck does, each utterance from its first frame (as the detector starts a stream).
+kws.phone_check.PhoneCheck does, each utterance from its first frame (as the detector starts a stream).
 
 Features are `kws.features.compute_fbank` with the checkpoint's fbank settings made inference ones
 (`kws.features.inference_fbank`: no random dither, its expected power instead). Utterances
@@ -70,7 +70,7 @@ def _batches(items, batch_size, max_batch_frames, fbank_conf):
 @torch.no_grad()
 def posteriors(network, feats, device, max_frames=DEFAULT_MAX_BATCH_FRAMES):
     """The outputs [B, T, ...] of `network` (kws.model.StreamingWrapper: sigmoid posteriors [B, T, K]; or
-    kws.phones.PhoneOutputs) for padded features [B, T, D]; long inputs run in cached chunks."""
+    kws.phone_check.PhoneOutputs) for padded features [B, T, D]; long inputs run in cached chunks."""
     feats = feats.to(device)
     batch, frames = feats.shape[0], feats.shape[1]
     chunk = max(1, max_frames // max(batch, 1))
@@ -131,13 +131,14 @@ def score(
     threads=None,
     max_batch_frames=DEFAULT_MAX_BATCH_FRAMES,
     phone_check=0.0,
+    phone_check_window=1,
 ):
     """Score every utterance of `test_data` with `checkpoint`; write `out` atomically. Returns #utterances.
 
-    phone_check: alpha of the phoneme head's check of each keyword (kws.phones.PhoneCheck); 0 or a
-    checkpoint without the head scores with the keyword head alone."""
+    phone_check: alpha of the phoneme head's check of each keyword over `phone_check_window` frames
+    (kws.phone_check.PhoneCheck); 0 or a checkpoint without the head scores with the keyword head alone."""
     from kws.fileio import atomic_open
-    from kws.phones import inference_network
+    from kws.phone_check import inference_network
 
     if batch_size < 1:
         raise KwsError(f"--batch-size must be >= 1, got {batch_size}")
@@ -145,7 +146,7 @@ def score(
         torch.set_num_threads(int(threads))
     device = resolve_device(device)
     model, payload, tokens, dictionary, fbank_conf = load_scoring_model(checkpoint, dict_path, device)
-    network, check, _ = inference_network(model, payload, phone_check, checkpoint)
+    network, check, _ = inference_network(model, payload, phone_check, checkpoint, phone_check_window)
     items = read_data_list(test_data, dictionary=dictionary)
     done = 0
     with atomic_open(out) as handle:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Choose the phoneme check's alpha for a trained model on its dev split: phone_check.json (kws.phone_choice)."""
+"""Choose the phoneme check's alpha and window for a trained model on its dev split: phone_check.json
+(kws.phone_choice)."""
 
 import argparse
 import logging
@@ -14,6 +15,9 @@ def parse_args(argv=None):
     parser.add_argument("--dev-data", required=True, help="data.list of the dev split")
     parser.add_argument("--dict", dest="dict_path", required=True, help="dict/words.txt")
     parser.add_argument("--candidates", type=float, nargs="+", required=True, metavar="ALPHA")
+    parser.add_argument(
+        "--windows", type=int, nargs="+", default=[1], metavar="FRAMES", help="candidate windows (default: 1)"
+    )
     parser.add_argument("--negatives", choices=NEGATIVES, default="ordinary", help="negatives FA/h counts")
     parser.add_argument("--fa-target", type=float, default=1.0, help="FA/h at which FRR is compared")
     parser.add_argument("--window-shift", type=int, default=50, help="the DET's hold-off in frames")
@@ -30,9 +34,10 @@ def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     choice = choose_phone_check(**vars(args))  # the options are the function's keywords
-    table = " ".join(f"{alpha}: {100 * row['mean']:.1f} %" for alpha, row in choice.get("dev_frr", {}).items())
+    table = "; ".join(f"{pair}: {100 * row['mean']:.1f} %" for pair, row in choice.get("dev_frr", {}).items())
     why = table or choice.get("reason")
-    print(f"phone check alpha {choice['alpha']:g} for {args.checkpoint} ({why}) -> {args.out}")
+    chosen = f"alpha {choice['alpha']:g}, window {choice['window']}"
+    print(f"phone check {chosen} for {args.checkpoint} ({why}) -> {args.out}")
 
 
 if __name__ == "__main__":

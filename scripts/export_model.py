@@ -12,7 +12,7 @@ import argparse
 from kws.detect import DEFAULT_CHUNK_MS, DEFAULT_REFRACTORY
 from kws.errors import cli
 from kws.export import DEFAULT_FA_TARGET, OPSET, export_model
-from kws.phones import add_phone_check_argument
+from kws.phone_check import add_phone_check_argument, phone_check_setting
 
 
 def parse_args(argv=None):
@@ -65,6 +65,7 @@ def parse_args(argv=None):
 @cli
 def main(argv=None):
     args = parse_args(argv)
+    alpha, window = phone_check_setting(args)
     report = export_model(
         args.checkpoint,
         args.dict,
@@ -81,7 +82,8 @@ def main(argv=None):
         window_shift=args.window_shift,
         chunk_ms=args.chunk_ms,
         workers=args.threads,
-        phone_check=args.phone_check,
+        phone_check=alpha,
+        phone_check_window=window,
     )
     diffs = {backend: max(values.values()) for backend, values in report["check"]["max_abs_diff"].items()}
     thresholds = " ".join(f"{kw}={t:g}" for kw, t in report["meta"]["thresholds"].items())

@@ -5,7 +5,7 @@ import argparse
 import logging
 
 from kws.errors import cli
-from kws.phones import add_phone_check_argument
+from kws.phone_check import add_phone_check_argument, phone_check_setting
 from kws.score import DEFAULT_MAX_BATCH_FRAMES, score
 
 
@@ -31,6 +31,7 @@ def parse_args(argv=None):
 @cli
 def main(argv=None):
     args = parse_args(argv)
+    alpha, window = phone_check_setting(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     count = score(
         args.checkpoint,
@@ -41,7 +42,8 @@ def main(argv=None):
         device=args.device,
         threads=args.threads,
         max_batch_frames=args.max_batch_frames,
-        phone_check=args.phone_check,
+        phone_check=alpha,
+        phone_check_window=window,
     )
     print(f"scored {count} utterances -> {args.out}")
 

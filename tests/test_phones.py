@@ -15,14 +15,8 @@ from kws import checkpoint as ckpt
 from kws import trainer
 from kws.detect import Detector
 from kws.errors import KwsError
-from kws.phones import (
-    PhoneCheck,
-    PhoneCTCModel,
-    keyword_path_scores,
-    phone_ctc_loss,
-    phone_targets,
-    phone_vocabulary,
-)
+from kws.phone_check import PhoneCheck, keyword_path_scores
+from kws.phones import PhoneCTCModel, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.runners import load_exported
 from kws.synth.phrases import phone_string
 
@@ -211,16 +205,22 @@ def test_phone_ctc_under_ddp_with_uneven_shards(phone_corpus):
     assert "phone_head" in payload and not any(k.startswith("module.") for k in payload["phone_head"])
 
 
+def head_saying(classes, num_classes=6, sure=0.9):
+    """log-probs of a head that says `classes` (0: blank) frame by frame, `sure` on each."""
+    probs = np.full((len(classes), num_classes), (1 - sure) / (num_classes - 1))
+    probs[np.arange(len(classes)), classes] = sure
+    return np.log(probs)
+
+
+def relative_to_best(log_probs):
+    """What PhoneOutputs gives the check: each class's probability relative to the frame's best."""
+    return np.exp(log_probs - log_probs.max(axis=1, keepdims=True))
+
+
 def test_keyword_path_scores_reward_the_keyword_said_and_nothing_else():
-    """The phoneme head's check of a keyword (kws.phones.keyword_path_scores): 0 at the frame where the
+    """The phoneme head's check of a keyword (kws.phone_check.keyword_path_scores): 0 at the frame where the
     head has just said the keyword's phonemes in order, below 0 where a phoneme is missing or swapped, and
     causal (a frame's score never reads later frames)."""
-
-    def head_saying(classes, num_classes=6, sure=0.9):
-        """log-probs of a head that says `classes` (0: blank) frame by frame, `sure` on each."""
-        probs = np.full((len(classes), num_classes), (1 - sure) / (num_classes - 1))
-        probs[np.arange(len(classes)), classes] = sure
-        return np.log(probs)
 
     keyword = [1, 2, 2, 3]  # a repeated phoneme needs a blank between its two frames
     said = head_saying([0, 1, 1, 0, 2, 0, 2, 3, 0, 0])
@@ -258,6 +258,44 @@ def test_phone_check_streams_exactly_and_checks_each_keyword_on_its_own():
     assert np.array_equal(np.concatenate(pieces), whole)
     off = PhoneCheck(labels, 0.0)
     assert np.array_equal(off.apply(outputs, off.init_state())[0], posteriors)
+
+    # over a window: max p * exp(alpha * max s / |P|), both over the last 7 frames; chunk by chunk == whole
+    windowed = PhoneCheck(labels, 0.5, window=7)
+    whole, _ = windowed.apply(outputs, windowed.init_state())
+    for k in (0, 2):
+        s = keyword_path_scores(log_relative, labels[k])
+        expected = [
+            posteriors[max(0, t - 6) : t + 1, k].max() * np.exp(0.5 * s[max(0, t - 6) : t + 1].max() / len(labels[k]))
+            for t in range(frames)
+        ]
+        np.testing.assert_allclose(whole[:, k], expected, rtol=1e-12)
+    assert np.array_equal(whole[:, 1], posteriors[:, 1])
+    state, pieces = windowed.init_state(), []
+    for start, stop in ((0, 1), (1, 3), (3, 3), (3, 30), (30, frames)):
+        piece, state = windowed.apply(outputs[start:stop], state)
+        pieces.append(piece)
+    assert np.array_equal(np.concatenate(pieces), whole)
+
+
+def test_a_window_lets_a_keyword_head_that_fires_early_pass_the_check():
+    """The keyword head peaks on the phrase's first phonemes, frames before the last one is said: frame by
+    frame the check finds no complete path there and holds the keyword down; over a window that spans the
+    gap it passes at the peak's score. A phrase never said still gets no path through it."""
+    keyword = [1, 2, 3]
+    said = head_saying([0, 1, 0, 2, 0, 3, 0, 0, 0, 0])  # the path completes at frame 5
+    posteriors = np.zeros((len(said), 1))
+    posteriors[2, 0] = 0.9  # the keyword head's peak, three frames early
+    outputs = np.concatenate([posteriors, relative_to_best(said)], axis=1)
+    frame_by_frame = PhoneCheck([keyword], 1.0)
+    assert frame_by_frame.apply(outputs, frame_by_frame.init_state())[0].max() < 0.9 * np.exp(-1.0)
+    windowed = PhoneCheck([keyword], 1.0, window=4)
+    checked = windowed.apply(outputs, windowed.init_state())[0][:, 0]
+    assert checked.max() == pytest.approx(0.9) and checked.argmax() == 5  # when the last phoneme is heard
+    unsaid = np.concatenate([posteriors, relative_to_best(head_saying([0, 1, 0, 2, 0, 4, 0, 0, 0, 0]))], axis=1)
+    assert windowed.apply(unsaid, windowed.init_state())[0].max() < 0.9 * np.exp(-1.0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(KwsError, match="score.phone_check_window"):
+            PhoneCheck([keyword], 1.0, window=bad)
 
 
 def _positives_with_keyword_end(path, out):
@@ -327,15 +365,28 @@ def test_phone_check_from_training_to_the_detector(checked_model, tmp_path):
         expected = torch.sigmoid(logits[0, :, k]).numpy() * factor
         np.testing.assert_allclose(np.array(row[2:], dtype=float), expected, atol=2e-6)
 
-    export_model(tmp_path / "avg.pt", words, tmp_path / "export", corpus["dev"], num_utts=3, phone_check=1.0)
+    # exported with a window, the detector streams the scores scoring gives with it
+    score(tmp_path / "avg.pt", corpus["dev"], words, tmp_path / "windowed.txt", phone_check=1.0, phone_check_window=20)
+    windowed = [line.split() for line in (tmp_path / "windowed.txt").read_text().splitlines()]
+    assert any(row != other for row, other in zip(checked, windowed))
+    export_model(
+        tmp_path / "avg.pt",
+        words,
+        tmp_path / "export",
+        corpus["dev"],
+        num_utts=3,
+        phone_check=1.0,
+        phone_check_window=20,
+    )
     wav = first["wav"]
     for suffix in ("onnx", "pt"):
         detector = Detector(load_exported(tmp_path / "export" / f"model.{suffix}"), keep_posteriors=True)
         assert detector.meta["phone_check"]["keyword_phones"] == averaged["keyword_phones"]
+        assert detector.meta["phone_check"]["window"] == 20
         for chunk in wav_chunks(wav, 1600):
             detector.accept(chunk)
         streamed = detector.posteriors()
-        for k, row in enumerate(checked[:2]):
+        for k, row in enumerate(windowed[:2]):
             np.testing.assert_allclose(streamed[:, k], np.array(row[2:], dtype=float), atol=2e-5)
 
 
@@ -353,10 +404,11 @@ def _score_script():
     return _script("score")
 
 
-def test_the_alpha_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checked_model, tmp_path):
-    """score.phone_check as a list: each candidate's dev FRR is what score.py at that alpha and compute_det
-    give at the export's target on ordinary negatives (a near-miss left out); the lowest mean over keywords
-    wins, ties to the larger alpha; score.py then takes the written file as --phone-check."""
+def test_the_check_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checked_model, tmp_path):
+    """score.phone_check and score.phone_check_window as lists: each (alpha, window)'s dev FRR is what
+    score.py with them and compute_det give at the export's target on ordinary negatives (a near-miss left
+    out); the lowest mean over keywords wins, ties to the larger alpha, then the smaller window; score.py
+    then takes the written file as --phone-check."""
     from kws.det import compute_det
     from kws.phone_choice import choose_phone_check
     from kws.score import score
@@ -369,49 +421,67 @@ def test_the_alpha_chosen_on_dev_is_the_one_scoring_and_the_det_rank_best(checke
     items[near_miss]["kind"] = "near_miss"
     dev = tmp_path / "dev.list"
     dev.write_text("".join(json.dumps(item) + "\n" for item in items))
-    candidates = [2.0, 0, 0.5, 8]
+    candidates, windows = [2.0, 0, 0.5, 8], [30, 1]
     # 1e4 FA/h: a few false alarms in the dev split's seconds, where this barely trained model's alphas differ
-    choice = choose_phone_check(folder / "avg.pt", dev, words, tmp_path / "phone_check.json", candidates, fa_target=1e4)
+    choice = choose_phone_check(
+        folder / "avg.pt", dev, words, tmp_path / "phone_check.json", candidates, windows, fa_target=1e4
+    )
     assert json.loads((tmp_path / "phone_check.json").read_text()) == choice
-    assert choice["candidates"] == [0.0, 0.5, 2.0, 8.0] and choice["negatives"] == "ordinary"
-    for alpha in choice["candidates"]:
-        score(folder / "avg.pt", dev, words, tmp_path / f"score_{alpha:g}.txt", phone_check=alpha)
-        scored = tmp_path / f"score_{alpha:g}.txt"
-        metrics = compute_det(scored, dev, words, tmp_path / f"det_{alpha:g}", fa_targets=[1e4])
-        row = choice["dev_frr"][f"{alpha:g}"]
+    assert choice["candidates"] == [0.0, 0.5, 2.0, 8.0] and choice["windows"] == [1, 30]
+    assert choice["negatives"] == "ordinary"
+    pairs = [(0.0, 1)] + [(alpha, window) for window in (1, 30) for alpha in (0.5, 2.0, 8.0)]
+    assert list(choice["dev_frr"]) == [f"alpha {a:g}" + (f", window {w}" if a else "") for a, w in pairs]
+    means = {}
+    for alpha, window in pairs:
+        scored = tmp_path / f"score_{alpha:g}_{window}.txt"
+        score(folder / "avg.pt", dev, words, scored, phone_check=alpha, phone_check_window=window)
+        metrics = compute_det(scored, dev, words, tmp_path / f"det_{alpha:g}_{window}", fa_targets=[1e4])
+        row = choice["dev_frr"][f"alpha {alpha:g}" + (f", window {window}" if alpha else "")]
         for name, summary in metrics["keywords"].items():
             expected = summary["ordinary"]["operating_points"][0]["frr"]
-            assert row[name] == (1.0 if expected is None else expected), (alpha, name)
+            assert row[name] == (1.0 if expected is None else expected), (alpha, window, name)
         assert row["mean"] == pytest.approx(np.mean([row[name] for name in metrics["keywords"]]))
-    means = {alpha: choice["dev_frr"][f"{alpha:g}"]["mean"] for alpha in choice["candidates"]}
+        means[alpha, window] = row["mean"]
     assert len(set(means.values())) > 1  # the candidates do differ here
-    assert choice["alpha"] == max(alpha for alpha, mean in means.items() if mean == min(means.values()))
+    best = min(means.values())
+    assert choice["alpha"] == max(alpha for (alpha, _), mean in means.items() if mean == best)
+    assert choice["window"] == min(w for (a, w), mean in means.items() if mean == best and a == choice["alpha"])
 
     score_script.main(
         ["--checkpoint", str(folder / "avg.pt"), "--test-data", str(dev), "--dict", str(words)]
         + ["--out", str(tmp_path / "chosen.txt"), "--phone-check", str(tmp_path / "phone_check.json")]
     )
-    chosen = tmp_path / f"score_{choice['alpha']:g}.txt"
+    chosen = tmp_path / f"score_{choice['alpha']:g}_{choice['window']}.txt"
     assert (tmp_path / "chosen.txt").read_bytes() == chosen.read_bytes()
 
     # the command line the workflow runs writes the same choice
     _script("choose_phone_check").main(
         ["--checkpoint", str(folder / "avg.pt"), "--dev-data", str(dev), "--dict", str(words)]
-        + ["--candidates", "2", "0", "0.5", "8", "--fa-target", "1e4", "--out", str(tmp_path / "cli.json")]
+        + ["--candidates", "2", "0", "0.5", "8", "--windows", "30", "1", "--fa-target", "1e4"]
+        + ["--out", str(tmp_path / "cli.json")]
     )
     assert json.loads((tmp_path / "cli.json").read_text()) == {**choice, "checkpoint": str(folder / "avg.pt")}
 
 
-def test_the_lowest_mean_frr_wins_and_ties_go_to_the_larger_alpha():
-    from kws.phone_choice import best_alpha, check_candidates
+def test_the_lowest_mean_frr_wins_and_ties_go_to_the_larger_alpha_then_the_smaller_window():
+    from kws.phone_choice import best_check, check_candidates, window_candidates
 
-    assert best_alpha({0.0: {"mean": 0.5}, 0.25: {"mean": 0.3}, 0.5: {"mean": 0.3}, 1.0: {"mean": 0.4}}) == 0.5
-    assert best_alpha({0.0: {"mean": 0.2}, 0.25: {"mean": 1 / 3 - 1e-12}, 0.5: {"mean": 1.0}}) == 0.0
-    assert best_alpha({0.0: {"mean": 0.1 + 0.2}, 0.25: {"mean": 0.3}}) == 0.25  # equal but for rounding
+    def table(means):
+        return {pair: {"mean": mean} for pair, mean in means.items()}
+
+    assert best_check(table({(0.0, 1): 0.5, (0.25, 1): 0.3, (0.5, 1): 0.3, (1.0, 1): 0.4})) == (0.5, 1)
+    assert best_check(table({(0.0, 1): 0.2, (0.25, 1): 1 / 3 - 1e-12, (0.5, 1): 1.0})) == (0.0, 1)
+    assert best_check(table({(0.0, 1): 0.1 + 0.2, (0.25, 1): 0.3})) == (0.25, 1)  # equal but for rounding
+    assert best_check(table({(0.5, 1): 0.3, (0.5, 50): 0.3, (0.5, 100): 0.2, (0.25, 100): 0.2})) == (0.5, 100)
+    assert best_check(table({(0.5, 100): 0.3, (0.5, 50): 0.3, (0.25, 1): 0.3})) == (0.5, 50)
     assert check_candidates([0.5, 0, 0.5]) == [0.0, 0.5]
     for bad in ([], [-0.1, 1]):
         with pytest.raises(KwsError, match="score.phone_check: candidates must be numbers >= 0"):
             check_candidates(bad)
+    assert window_candidates([50, 1, 50]) == [1, 50]
+    for bad in ([], [0, 50]):
+        with pytest.raises(KwsError, match="score.phone_check_window"):
+            window_candidates(bad)
 
 
 @pytest.mark.parametrize(
@@ -421,6 +491,9 @@ def test_the_lowest_mean_frr_wins_and_ties_go_to_the_larger_alpha():
         ("{not json", "not a phone_check.json with an `alpha`"),
         ('{"candidates": [0]}', "not a phone_check.json with an `alpha`"),
         ('{"alpha": -1}', "`alpha` must be a number >= 0"),
+        ('{"alpha": 0.5, "window": 0}', "`window` must be a whole number >= 1"),
+        ('{"alpha": 0.5, "window": 2.5}', "`window` must be a whole number >= 1"),
+        ("[0.5]", "not a phone_check.json with an `alpha`"),
     ],
 )
 def test_a_bad_phone_check_file_is_a_one_line_error(tmp_path, capsys, content, message):
@@ -434,6 +507,31 @@ def test_a_bad_phone_check_file_is_a_one_line_error(tmp_path, capsys, content, m
         score_script.parse_args(argv + ["--phone-check", str(path)])
     assert exit_info.value.code == 2
     assert f"argument --phone-check: {path}: {message}" in capsys.readouterr().err
+
+
+def test_the_window_comes_from_the_command_line_or_the_chosen_file_not_both(tmp_path, capsys):
+    from kws.phone_check import phone_check_setting
+
+    score_script = _score_script()
+    argv = ["--checkpoint", "a.pt", "--test-data", "t.list", "--dict", "w.txt", "--out", str(tmp_path / "s.txt")]
+    assert phone_check_setting(score_script.parse_args(argv)) == (0.0, 1)
+    assert phone_check_setting(score_script.parse_args(argv + ["--phone-check", "0.5"])) == (0.5, 1)
+    given = argv + ["--phone-check", "0.5", "--phone-check-window", "50"]
+    assert phone_check_setting(score_script.parse_args(given)) == (0.5, 50)
+    chosen, before = tmp_path / "phone_check.json", tmp_path / "before_windows.json"
+    chosen.write_text('{"alpha": 0.25, "window": 100}')
+    before.write_text('{"alpha": 0.25}')  # written before the window: frame by frame
+    assert phone_check_setting(score_script.parse_args(argv + ["--phone-check", str(chosen)])) == (0.25, 100)
+    assert phone_check_setting(score_script.parse_args(argv + ["--phone-check", str(before)])) == (0.25, 1)
+    for extra, message in (
+        (["--phone-check", str(chosen), "--phone-check-window", "50"], f"{chosen} already gives the window (100)"),
+        (["--phone-check", "0.5", "--phone-check-window", "0"], "score.phone_check_window: frames must be"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            score_script.main(argv + extra)
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 1 and error.count("\n") == 1 and message in error
+    assert not (tmp_path / "s.txt").exists()
 
 
 def test_phone_check_without_a_head_scores_the_keyword_head_alone(phone_corpus, tmp_path, caplog):

@@ -230,6 +230,9 @@ def test_second_run_has_nothing_to_do(completed_run):
         ({"score/phone_check": 0.5}, SCORING_ONWARD | {"score"}),
         # a list: the alpha is chosen on the dev split first
         ({"score/phone_check": [0, 0.5]}, SCORING_ONWARD | {"score", "choose_phone_check"}),
+        ({"score/phone_check": 0.5, "score/phone_check_window": 50}, SCORING_ONWARD | {"score"}),
+        # a list of windows alone: chosen on the dev split with the one alpha
+        ({"score/phone_check_window": [1, 50]}, SCORING_ONWARD | {"score", "choose_phone_check"}),
         (
             {"experiments/tiny/overrides": {"training_config.max_epoch": 2, "training_config.grad_clip": 1.0}},
             TRAIN_ONWARD,
@@ -279,6 +282,8 @@ def test_a_changed_setting_reruns_exactly_its_stage_onward(completed_run, change
         ("kws/distributed.py", TRAIN_ONWARD - {"resolve_config"}),
         ("kws/loss.py", TRAIN_ONWARD - {"resolve_config"}),
         ("kws/det.py", {"compute_det", "plot_det", "plot_training", "export_model"}),
+        # the phoneme check is read at inference only: an edit rescores, never retrains
+        ("kws/phone_check.py", {"score", "compute_det", "plot_det", "export_model"}),
     ],
 )
 def test_an_edited_script_reruns_its_stage_onward(completed_run, script, expected):

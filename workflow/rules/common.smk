@@ -286,37 +286,51 @@ def score_args():
 
 
 def phone_check_chosen():
-    """score.phone_check as a list of alphas: each model's is chosen on its dev split (choose_phone_check)."""
-    return isinstance(config["score"]["phone_check"], list)
+    """score.phone_check or score.phone_check_window a list: each model's alpha and window are chosen among
+    them on its dev split (choose_phone_check)."""
+    return any(
+        isinstance(config["score"][key], list)
+        for key in ("phone_check", "phone_check_window")
+    )
 
 
 def phone_check_input():
-    """The chosen alpha's file, an input of scoring and export when score.phone_check is a list."""
+    """The chosen check's file, an input of scoring and export when it is chosen."""
     return f"{OUT}/{{exp}}/phone_check.json" if phone_check_chosen() else []
 
 
 def phone_check_argument():
-    """--phone-check with the configured alpha; with a list, the shell takes the chosen alpha's file
-    (phone_check_from_file). Plain strings, so that Snakemake's params trigger sees a changed alpha.
+    """--phone-check and --phone-check-window as configured (no window without a check); when chosen, the
+    shell takes the chosen check's file (phone_check_from_file). Plain strings, so that Snakemake's params
+    trigger sees a change.
     """
-    return (
-        ""
-        if phone_check_chosen()
-        else f"--phone-check {config['score']['phone_check']:g}"
+    s = config["score"]
+    if phone_check_chosen():
+        return ""
+    window = (
+        f" --phone-check-window {s['phone_check_window']}" if s["phone_check"] else ""
     )
+    return f"--phone-check {s['phone_check']:g}{window}"
 
 
 def phone_check_from_file():
-    """The shell's --phone-check of the chosen alpha's file (an input), when score.phone_check is a list."""
+    """The shell's --phone-check of the chosen check's file (an input), when it is chosen."""
     return " --phone-check {input.phone_check}" if phone_check_chosen() else ""
+
+
+def as_list(value):
+    """A config value that may be one item or a list, as a list."""
+    return value if isinstance(value, list) else [value]
 
 
 def phone_check_choice_args():
     """choose_phone_check.py's arguments: the candidates, and the export's FA/h target and negatives."""
     target, negatives = export_target()
-    candidates = " ".join(f"{x:g}" for x in config["score"]["phone_check"])
+    s = config["score"]
+    candidates = " ".join(f"{x:g}" for x in as_list(s["phone_check"]))
+    windows = " ".join(str(x) for x in as_list(s["phone_check_window"]))
     return (
-        f"--candidates {candidates} --fa-target {target:g} --negatives {negatives}"
+        f"--candidates {candidates} --windows {windows} --fa-target {target:g} --negatives {negatives}"
         f" --window-shift {config['det']['window_shift']} --step {config['det']['step']:g}"
         f" {score_args()}"
     )
