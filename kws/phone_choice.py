@@ -136,17 +136,16 @@ def choose_phone_check(
             path_scores.append(check.keyword_scores(probs, check.init_state()[0])[0])
             outputs.append(probs[:, : len(tokens)])  # the keyword posteriors are all `weigh` reads
         thresholds = thresholds_for(step)
+        # alpha 0 is the keyword head alone, the same at any window: tried once, as window 1
+        pairs = sorted({(a, w if a else 1) for a in candidates for w in windows}, key=lambda pair: pair[::-1])
         table = {}
-        for window in windows:
-            for alpha in candidates if window == windows[0] else [a for a in candidates if a]:
-                checked = [check.weigh(probs, scores, alpha, window)[0] for probs, scores in zip(outputs, path_scores)]
-                frr = frr_at_target(checked, items, len(tokens), negatives, fa_target, window_shift, thresholds)
-                table[alpha, window] = {keyword_slug(tokens[k]): value for k, value in frr.items()}
-                table[alpha, window]["mean"] = float(np.mean(list(frr.values())))
-                log.info("alpha %g, window %d: dev FRR %s", alpha, window, table[alpha, window])
+        for alpha, window in pairs:
+            checked = [check.weigh(probs, scores, alpha, window)[0] for probs, scores in zip(outputs, path_scores)]
+            frr = frr_at_target(checked, items, len(tokens), negatives, fa_target, window_shift, thresholds)
+            table[alpha, window] = {keyword_slug(tokens[k]): value for k, value in frr.items()}
+            table[alpha, window]["mean"] = float(np.mean(list(frr.values())))
+            log.info("alpha %g, window %d: dev FRR %s", alpha, window, table[alpha, window])
         alpha, window = best_check(table)
-        if alpha == 0.0:
-            window = 1  # the keyword head alone: no window to speak of
         dev_frr = {f"alpha {a:g}" + (f", window {w}" if a else ""): row for (a, w), row in table.items()}
         choice.update({"alpha": alpha, "window": window, "dev_frr": dev_frr})
     with atomic_open(out) as handle:
