@@ -439,18 +439,26 @@ def _dry_run(tmp_path, configfile, jobs, count=r"[12]", *extra):
     return root, run.stdout
 
 
-def test_english_second_heldout_engine_config_holds_pico_out(tmp_path):
-    """config/heldout_pico.yaml on top of hey_kws.yaml: Pico says test_engine, in a results folder of its own."""
+def test_english_configs_hold_out_pico_or_flite(tmp_path):
+    """config/hey_kws.yaml trains on three engines and holds Pico out; config/heldout_flite.yaml on top of it
+    trains the two-engine recipe with Flite held out, in a results folder of its own."""
     from workflow_utils import REPO, make_workdir, snakemake
 
-    for engine in ("festival", "pico"):
+    for engine in ("festival", "flite", "pico"):
         _need(engine)
     root = make_workdir(tmp_path / "w")
-    configs = [str(REPO / "config" / name) for name in ("hey_kws.yaml", "heldout_pico.yaml")]
-    run = snakemake(root, "-n", "-p", "--configfile", *configs, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "results/hey_kws_pico/ds_tcn_small/test_engine/metrics.json" in run.stdout
-    assert "--engines espeak festival --heldout-engine pico" in run.stdout
+    for configs, results, arguments in (
+        (["hey_kws.yaml"], "results/hey_kws", "--engines espeak festival flite --heldout-engine pico"),
+        (
+            ["hey_kws.yaml", "heldout_flite.yaml"],
+            "results/hey_kws_flite",
+            "--engines espeak festival --heldout-engine flite",
+        ),
+    ):
+        run = snakemake(root, "-n", "-p", "--configfile", *[str(REPO / "config" / c) for c in configs], timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert f"{results}/ds_tcn_small/test_engine/metrics.json" in run.stdout
+        assert arguments in run.stdout
 
 
 def test_mandarin_heldout_config_plans_test_engine_beside_test(tmp_path):
@@ -474,8 +482,8 @@ def test_workflow_evaluates_the_heldout_engine_beside_test(tmp_path):
 
     from workflow_utils import REPO
 
-    _need("flite")
-    _need("festival")
+    for engine in ("flite", "festival", "pico"):
+        _need(engine)
     root, out = _dry_run(
         tmp_path, "hey_kws.yaml", ("score_test_engine", "compute_det_test_engine", "plot_det_test_engine")
     )
