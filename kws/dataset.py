@@ -6,7 +6,7 @@ on the batch, on the training device.
 `(keys, samples int16 [B, S] zero-padded, sample_lengths [B], targets [B])`, which `Featurizer` turns
 into `(keys, feats [B, T, D] float32, frame_lengths [B], targets [B], warped [B])` on the device where the
 model runs: dither, Kaldi fbank (kws.features.batch_fbank), the speaker warp (kws.mel_warp; `warped` says,
-on the host, which rows it changed) and SpecAugment, all on the batch. An epoch costs
+on the host, which rows it changed), the rhythm warp (kws.time_warp) and SpecAugment, all on the batch. An epoch costs
 index arithmetic and slicing of a memory-mapped array, not file opens and decodes.
 
 Sharding (the guarantee the tests check)
@@ -48,10 +48,12 @@ from kws.errors import KwsError
 from kws.features import batch_fbank, fbank_conf_of, frame_geometry, inference_fbank, num_frames
 from kws.mel_warp import MelWarp
 from kws.mel_warp import parse_conf as parse_mel_warp
+from kws.time_warp import TimeWarp
+from kws.time_warp import parse_conf as parse_time_warp
 
 # Separate streams so that changing one kind of randomness does not shift the others.
 _STREAM_ORDER, _STREAM_BUFFER, _STREAM_SPECAUG, _STREAM_DITHER, _STREAM_SORT, _STREAM_CROP = 0, 1, 2, 3, 4, 5
-_STREAM_AUGMENT, _STREAM_MEL_WARP = 6, 7
+_STREAM_AUGMENT, _STREAM_MEL_WARP, _STREAM_TIME_WARP = 6, 7, 8
 # Batches are padded to a multiple of this many frames. With every batch a new length, CPU training
 # grew by ~1 GB per process over a run (glibc heap fragmentation and oneDNN's per-shape primitive
 # cache); with a few dozen lengths memory stays flat and steps are no slower (bench/bench_memory.py).
@@ -74,6 +76,7 @@ def cv_dataset_conf(train_conf):
     conf.pop("crop_negatives", None)  # whole utterances
     conf.pop("batch_augment", None)  # the utterances as they are
     conf.pop("mel_warp", None)  # and their speakers
+    conf.pop("time_warp", None)  # and rhythm
     conf["fbank_conf"] = inference_fbank(fbank_conf_of(train_conf))
     conf.pop("feature_extraction_conf", None)
     return conf
@@ -395,7 +398,7 @@ class Featurizer:
     seeded by (seed, epoch, rank, batch index). Frames are zero-padded to a multiple of PAD_MULTIPLE.
     Each utterance's frame count stays on the host (what the trainer reads there costs no sync)."""
 
-    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu", store_on_device=True):
+    def __init__(self, dataset_conf, seed=666, rank=0, device="cpu", store_on_device=True, anchors=None):
         self.conf = dict(dataset_conf or {})
         self.fbank_conf = fbank_conf_of(self.conf)
         self.dither = float(self.fbank_conf.get("dither", 0.0))
@@ -407,6 +410,9 @@ class Featurizer:
         self.augment = BatchAugment(augment, self.device) if augment else None
         mel_warp = parse_mel_warp(self.conf.get("mel_warp"))
         self.mel_warp = MelWarp(mel_warp) if mel_warp else None
+        # anchors: {key: frame} that time_warp keeps in place (a positive's keyword end)
+        time_warp = parse_time_warp(self.conf.get("time_warp"))
+        self.time_warp = TimeWarp(time_warp, anchors) if time_warp else None
         # On a GPU, batches are gathered from a copy of the store there (False: always the host path)
         self.store_on_device = bool(store_on_device)
         self._device_copy = None  # (store, its samples on the GPU, or None where they do not fit)
@@ -429,6 +435,8 @@ class Featurizer:
         warped = torch.zeros(len(keys), dtype=torch.bool)
         if self.mel_warp is not None:
             feats, warped = self.mel_warp(feats, _rng(*entropy, _STREAM_MEL_WARP))
+        if self.time_warp is not None:
+            feats = self.time_warp(feats, keys, frames.tolist(), _rng(*entropy, _STREAM_TIME_WARP))
         if self.spec_aug:
             rng = _rng(*entropy, _STREAM_SPECAUG)
             conf = {k: self.spec_aug_conf[k] for k in DEFAULT_SPEC_AUG}

@@ -380,6 +380,15 @@ def keyword_loss(state, logits, lengths, targets, keys, weights=None):
     return loss, acc
 
 
+def positive_ends(dataset, end_frames):
+    """{key: keyword end frame} of the dataset's positives: where dataset_conf.time_warp keeps them."""
+    return {
+        item["key"]: end_frames[item["key"]]
+        for item in dataset.items
+        if item["label"] >= 0 and item["key"] in end_frames
+    }
+
+
 def cropped_keys(dataset):
     """Keys of the utterances trained on a window of their audio (dataset_conf.crop_negatives)."""
     return {item["key"] for item, cropped in zip(dataset.items, dataset.cropped) if cropped}
@@ -651,7 +660,10 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     cv_set = KwsDataset(
         args.cv_data, cv_conf, seed=args.seed, rank=rank, world_size=world_size, items=cv_items, store=stores["cv"]
     )
-    featurize = Featurizer(config["dataset_conf"], args.seed, rank, device)
+    end_frames = keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"]))
+    featurize = Featurizer(
+        config["dataset_conf"], args.seed, rank, device, anchors=positive_ends(train_set, end_frames)
+    )
     featurize_cv = Featurizer(cv_conf, args.seed, rank, device)
 
     # Model.
@@ -703,7 +715,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
             if tc["lr_schedule"] == "cosine"
             else None
         ),
-        end_frames=keyword_end_frames(train_items + cv_items, fbank_conf_of(config["dataset_conf"])),
+        end_frames=end_frames,
         autocast_dtype=PRECISIONS[tc["precision"]],
         phone_ctc=float(tc.get("phone_ctc") or 0.0),
         phone_targets=phone_targets(train_set.items, phones, cropped_keys(train_set)) if phones else None,
