@@ -53,17 +53,24 @@ def parse_conf(conf):
     phone_ctc = conf.pop("phone_ctc", True)
     if not isinstance(phone_ctc, bool):
         raise KwsError(f"{WHERE}.phone_ctc: expected true or false, got {phone_ctc!r}")
-    settings = {**DEFAULTS, **conf}
-    for key, value in settings.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise KwsError(f"{WHERE}.{key}: expected a number, got {value!r}")
-    if not 0 <= settings["p"] <= 1:
-        raise KwsError(f"{WHERE}.p: expected a probability in [0, 1], got {settings['p']!r}")
+    settings = numeric_settings(conf, DEFAULTS, WHERE)
     if not 0.5 <= settings["low"] <= settings["high"] <= 2:
         raise KwsError(
             f"{WHERE}: expected 0.5 <= low <= high <= 2, got low {settings['low']!r}, high {settings['high']!r}"
         )
     return {**{key: float(value) for key, value in settings.items()}, "kind": kind, "phone_ctc": phone_ctc}
+
+
+def numeric_settings(conf, defaults, where):
+    """`defaults` updated by `conf`, every value a finite number and `p` a probability; else a KwsError
+    that names the key under `where` (the feature warps' settings: here and kws.time_warp)."""
+    settings = {**defaults, **conf}
+    for key, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise KwsError(f"{where}.{key}: expected a number, got {value!r}")
+    if not 0 <= settings["p"] <= 1:
+        raise KwsError(f"{where}.p: expected a probability in [0, 1], got {settings['p']!r}")
+    return settings
 
 
 def _mel(hz):

@@ -25,6 +25,7 @@ import torch
 
 from kws.device import to_device
 from kws.errors import KwsError
+from kws.mel_warp import numeric_settings
 
 DEFAULTS = {"p": 0.5, "knots": 3, "stretch": 0.3}
 WHERE = "dataset_conf.time_warp"
@@ -39,12 +40,7 @@ def parse_conf(conf):
     unknown = sorted(set(conf) - set(DEFAULTS))
     if unknown:
         raise KwsError(f"{WHERE}.{unknown[0]}: unknown key (allowed: {', '.join(DEFAULTS)})")
-    settings = {**DEFAULTS, **conf}
-    for key, value in settings.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise KwsError(f"{WHERE}.{key}: expected a number, got {value!r}")
-    if not 0 <= settings["p"] <= 1:
-        raise KwsError(f"{WHERE}.p: expected a probability in [0, 1], got {settings['p']!r}")
+    settings = numeric_settings(conf, DEFAULTS, WHERE)
     if settings["knots"] != int(settings["knots"]) or not 1 <= settings["knots"] <= 16:
         raise KwsError(f"{WHERE}.knots: expected a whole number from 1 to 16, got {settings['knots']!r}")
     if not 0 < settings["stretch"] <= 1:
