@@ -79,21 +79,25 @@ class TimeWarp:
         limit = math.log1p(self.stretch)
         factors = np.exp(rng.uniform(-limit, limit, size=(batch, self.knots + 1)))
         cuts = np.sort(rng.random((batch, self.knots)), axis=1)
-        positions = np.tile(np.arange(length, dtype=np.float64), (batch, 1))
-        changed = False
+        rows, warps = [], []
         for row in np.flatnonzero(hits):
             last = int(frames[row]) - 1
-            anchor = self.anchors.get(keys[row], last)
-            anchor = min(max(int(anchor), 0), last)
-            if anchor < 2:
-                continue
-            positions[row, : anchor + 1] = source_positions(anchor, self.knots, factors[row], cuts[row])
-            changed = True
-        if not changed:
+            anchor = min(max(int(self.anchors.get(keys[row], last)), 0), last)
+            if anchor >= 2:
+                positions = np.arange(length, dtype=np.float64)
+                positions[: anchor + 1] = source_positions(anchor, self.knots, factors[row], cuts[row])
+                rows.append(row)
+                warps.append(positions)
+        if not rows:
             return feats
+        positions = np.stack(warps)  # [rows, T]: the source time of each output frame
         left = np.clip(np.floor(positions).astype(np.int64), 0, length - 1)
         right = np.minimum(left + 1, length - 1)
         weight = to_device(positions - left, feats.device, feats.dtype)[:, :, None]
         left = to_device(left, feats.device)[:, :, None].expand(-1, -1, bins)
         right = to_device(right, feats.device)[:, :, None].expand(-1, -1, bins)
-        return torch.gather(feats, 1, left) * (1 - weight) + torch.gather(feats, 1, right) * weight
+        index = to_device(np.asarray(rows), feats.device)
+        chosen = feats[index]
+        feats = feats.clone()
+        feats[index] = torch.gather(chosen, 1, left) * (1 - weight) + torch.gather(chosen, 1, right) * weight
+        return feats
