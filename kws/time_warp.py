@@ -51,13 +51,11 @@ def parse_conf(conf):
 def source_positions(anchor, knots, factors, cuts):
     """Source time (frames, float) of output frames 0..anchor under the warp whose segments between
     0, the cuts (fractions of the anchor, increasing) and the anchor last `factors` times as long (then all
-    rescaled to the anchor): a piecewise-linear increasing map with 0 -> 0 and anchor -> anchor."""
+    rescaled to the anchor): a piecewise-linear increasing map with 0 -> 0 and anchor -> anchor. anchor >= 1
+    (TimeWarp warps anchors of at least 2 frames)."""
     source_knots = np.concatenate([[0.0], np.asarray(cuts, dtype=np.float64) * anchor, [float(anchor)]])
     durations = np.diff(source_knots) * np.asarray(factors, dtype=np.float64)
-    total = durations.sum()
-    if total <= 0:  # an anchor of 0 frames: nothing to warp
-        return np.zeros(anchor + 1)
-    output_knots = np.concatenate([[0.0], np.cumsum(durations) * (anchor / total)])
+    output_knots = np.concatenate([[0.0], np.cumsum(durations) * (anchor / durations.sum())])
     output_knots[-1] = float(anchor)
     return np.interp(np.arange(anchor + 1, dtype=np.float64), output_knots, source_knots)
 
