@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from kws import checkpoint as ckpt
+from kws.adversary import EngineAdversaryModel, engine_loss, engine_targets, engine_vocabulary
 from kws.audio_store import open_or_build
 from kws.cmvn import read_cmvn
 from kws.config import load_model_config, parse_overrides, set_model_dims
@@ -208,7 +209,7 @@ def resolve_config(args):
             raise KwsError(
                 f"{args.config}: training_config.{key} must be a number of frames >= 0 or null, got {frames!r}"
             )
-    for key in ("phone_ctc", "confusable_weight"):
+    for key in ("phone_ctc", "confusable_weight", "engine_adversary"):
         weight = tc.get(key)
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
             raise KwsError(f"{args.config}: training_config.{key} must be a weight >= 0 or null, got {weight!r}")
@@ -340,6 +341,8 @@ class TrainState:
     phone_ctc_warped: bool = True  # dataset_conf.mel_warp.phone_ctc: the warped utterances count in it
     confusable_weight: float = 1.0  # training_config.confusable_weight
     confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.datalist)
+    engine_adversary: float = 0.0  # training_config.engine_adversary: the weight of the engine loss
+    engine_targets: dict = None  # key -> engine class id (kws.adversary), None when it is off
 
 
 def target_window(state, keys):
@@ -408,6 +411,27 @@ def phone_supervision(tc, train_set):
     return phones
 
 
+def engine_supervision(tc, train_items):
+    """The engines training_config.engine_adversary tells apart ([] when it is off, or when the training
+    list names fewer than two: there is nothing to be invariant to, and training goes on without it)."""
+    if not tc.get("engine_adversary"):
+        return []
+    engines = engine_vocabulary(train_items)
+    if len(engines) < 2:
+        log.warning(
+            "training_config.engine_adversary: the training list names %s engine(s) (data.list `engine`); "
+            "training without the engine loss",
+            len(engines),
+        )
+        return []
+    return engines
+
+
+def phone_model(trained):
+    """The PhoneCTCModel inside what trains (kws.adversary wraps it with engine_adversary)."""
+    return trained.trained if isinstance(trained, EngineAdversaryModel) else trained
+
+
 def optimizer_step(model, optimizer, grad_clip):
     """Clip, then step unless the gradient norm is not finite. Returns (grad_norm, stepped): 0-dim tensors
     on the gradients' device, read by no one here, so a step costs no host sync. Fused Adam (the default,
@@ -443,10 +467,10 @@ def batch_backward(state, batch, active_ranks):
     host_lengths = lengths.cpu()  # a batch's lengths are on the host (kws.dataset.Featurizer): no copy
     feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
     if state.autocast_dtype is None:
-        logits, second = state.model(feats)
+        logits, second, *engine = state.model(feats)
     else:
         with torch.autocast(state.device.type, dtype=state.autocast_dtype):
-            logits, second = state.model(feats)
+            logits, second, *engine = state.model(feats)
         logits = logits.float()  # the loss's sigmoid and logs in fp32
     loss, acc = keyword_loss(state, logits, lengths, targets, keys, confusable_weights(state, keys))
     total, phone_loss = loss, torch.full((), float("nan"), device=state.device)
@@ -454,6 +478,8 @@ def batch_backward(state, batch, active_ranks):
         skip = None if state.phone_ctc_warped else warped
         ctc = phone_ctc_loss(second, host_lengths, keys, state.phone_targets, skip)
         total, phone_loss = loss + state.phone_ctc * ctc, ctc.detach()
+    if state.engine_targets is not None:  # `engine` holds the engine logits (kws.adversary)
+        total = total + state.engine_adversary * engine_loss(engine[0], host_lengths, keys, state.engine_targets)
     scale = state.dist.world_size / active_ranks
     (total * scale if scale != 1 else total).backward()
     return loss.detach(), acc, phone_loss
@@ -685,6 +711,9 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     if phones:
         trained = PhoneCTCModel(model, len(phones)).to(device)  # the head's init follows the seed too
         spoken = keyword_phones(train_items, args.num_keywords)  # for the phoneme check (score.phone_check)
+    engines = engine_supervision(tc, train_items)
+    if engines:
+        trained = EngineAdversaryModel(trained, len(engines)).to(device)
     optimizer = make_optimizer(trained, config.get("optim_conf"), args.config)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
@@ -722,12 +751,16 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         phone_ctc_warped=(parse_mel_warp(config["dataset_conf"].get("mel_warp")) or {}).get("phone_ctc", True),
         confusable_weight=float(1.0 if tc.get("confusable_weight") is None else tc["confusable_weight"]),
         confusable_keys=frozenset(item["key"] for item in train_items if item.get("kind") in CONFUSABLE_KINDS),
+        engine_adversary=float(tc.get("engine_adversary") or 0.0),
+        engine_targets=engine_targets(train_items, engines) if engines else None,
     )
     if resume.path:
         p = resume.payload
         model.load_state_dict(p["model"])
         if phones:
-            trained.phone_head.load_state_dict(p["phone_head"])
+            phone_model(trained).phone_head.load_state_dict(p["phone_head"])
+        if engines:
+            trained.engine_head.load_state_dict(p["engine_head"])
         if p.get("optimizer"):
             optimizer.load_state_dict(p["optimizer"])
         if p.get("scheduler"):
@@ -839,12 +872,13 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                     **(
                         {
                             "phones": phones,
-                            "phone_head": trained.phone_head.state_dict(),
+                            "phone_head": phone_model(trained).phone_head.state_dict(),
                             "keyword_phones": spoken,
                         }
                         if phones
                         else {}
                     ),
+                    **({"engines": engines, "engine_head": trained.engine_head.state_dict()} if engines else {}),
                 },
                 {
                     "cv_loss": cv_loss,
