@@ -16,6 +16,8 @@ from torch import nn
 from kws.device import to_device
 from kws.phones import PhoneCTCModel
 
+IGNORED = -100  # F.cross_entropy's ignore_index: padded frames, utterances without an engine
+
 
 def engine_vocabulary(items):
     """The sorted engines of the items' `engine` ([] when none has one)."""
@@ -62,14 +64,10 @@ class EngineAdversaryModel(nn.Module):
 def engine_loss(engine_logits, lengths, keys, targets):
     """Mean cross-entropy over the valid frames of the batch's utterances with an engine (a zero that still
     reaches every parameter of the head when none has: DDP expects a gradient for each)."""
-    rows = [b for b, key in enumerate(keys) if key in targets]
-    if not rows:
+    per_utterance = [targets.get(key, IGNORED) for key in keys]
+    if all(label == IGNORED for label in per_utterance):
         return engine_logits.float().sum() * 0.0
-    device = engine_logits.device
-    frames = engine_logits.shape[1]
+    device, frames = engine_logits.device, engine_logits.shape[1]
     valid = torch.arange(frames, device=device)[None] < to_device(lengths, device).reshape(-1, 1)
-    labels = torch.full(valid.shape, -100, dtype=torch.long, device=device)
-    picked = to_device(rows, device)
-    labels[picked] = to_device([targets[keys[b]] for b in rows], device).reshape(-1, 1).expand(-1, frames)
-    labels = labels.masked_fill(~valid, -100)
+    labels = to_device(per_utterance, device, torch.long).reshape(-1, 1).expand(-1, frames).masked_fill(~valid, IGNORED)
     return F.cross_entropy(engine_logits.float().reshape(-1, engine_logits.shape[-1]), labels.reshape(-1))
