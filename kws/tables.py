@@ -312,7 +312,41 @@ def _comparison_rows(loaded, experiments, targets, points_of):
     return md
 
 
-def compare_metrics(named, experiments=None):
+def _exported_rows(loaded, experiments):
+    """Rows of each run's errors at the thresholds its export takes from another test set (kws.det
+    `at_reference_threshold`), plus each experiment's median [min-max] FRR over its seeds."""
+    md = []
+    tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
+    for token in tokens:
+        runs_of = {}
+        for (name, m), exp in zip(loaded, experiments):
+            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
+            point = kw and kw.get("at_reference_threshold")
+            if not point:
+                continue
+            runs_of.setdefault(exp, []).append(point["frr"])
+            ordinary = point.get("ordinary")
+            cells = [token, str(name), f"{point['threshold']:.2f}", _frr_cell(point)]
+            cells += [_misses(point, kw["num_positives"]), _fa_cell(ordinary, ordinary["hours"]) if ordinary else "n/a"]
+            md.append("| " + " | ".join(cells) + " |")
+        for exp, values in runs_of.items():
+            if len(values) > 1:
+                cells = [token, f"**{exp}**: median [min-max] of {len(values)}", "", _spread_cell(values), "", ""]
+                md.append("| " + " | ".join(cells) + " |")
+    return md
+
+
+def _loaded(named, experiments):
+    loaded = [(name, m if isinstance(m, dict) else load_metrics(m)) for name, m in named]
+    if not loaded:
+        raise KwsError("no experiments to compare")
+    experiments = list(experiments) if experiments else [name for name, _ in loaded]
+    if len(experiments) != len(loaded):
+        raise KwsError(f"{len(experiments)} experiment name(s) for {len(loaded)} run(s)")
+    return loaded, experiments
+
+
+def compare_metrics(named, experiments=None, heldout=None, heldout_split="test_engine"):
     """Compare runs: `named` is a list of (run, metrics.json path or dict) -> (markdown, tsv).
 
     experiments: the experiment of each run (same order; default: each run its own). An experiment with
@@ -320,13 +354,41 @@ def compare_metrics(named, experiments=None):
     row per keyword and run; FA/h targets are the union over runs (a target a run was not evaluated at
     shows `-`). When the runs' test sets have confusables (kws.det), a second table gives the operating
     points on ordinary negatives.
+
+    heldout: each run's metrics of a held-out split (same order as `named`; corpus.heldout_engine's
+    test_engine): a section of its own with the same tables and the runs at their exported thresholds,
+    and TSV rows whose experiment is `run/heldout_split`.
     """
-    loaded = [(name, m if isinstance(m, dict) else load_metrics(m)) for name, m in named]
-    if not loaded:
-        raise KwsError("no experiments to compare")
-    experiments = list(experiments) if experiments else [name for name, _ in loaded]
-    if len(experiments) != len(loaded):
-        raise KwsError(f"{len(experiments)} experiment name(s) for {len(loaded)} run(s)")
+    loaded, experiments = _loaded(named, experiments)
+    markdown, tsv = _comparison(loaded, experiments)
+    if heldout is None:
+        return markdown, tsv
+    if len(heldout) != len(loaded):
+        raise KwsError(f"{len(heldout)} held-out metrics file(s) for {len(loaded)} run(s)")
+    held = [(f"{name}/{heldout_split}", m) for (name, _), m in zip(loaded, heldout)]
+    held, _ = _loaded(held, experiments)
+    held_md, held_tsv = _comparison(held, experiments)
+    exported = _exported_rows(held, experiments)
+    markdown += f"\n## The held-out split ({heldout_split})\n\n" + held_md
+    if exported:
+        header = ["Keyword", "Run", "Threshold", "FRR (95 % CI)", "Misses", "FA/h on ordinary negatives"]
+        markdown += "\n".join(
+            [
+                "",
+                "At the exported thresholds (chosen on test, as the export chooses them): what each exported "
+                "detector does on this split.",
+                "",
+                "| " + " | ".join(header) + " |",
+                "|" + "---|" * len(header),
+                *exported,
+            ]
+        )
+        markdown += "\n"
+    return markdown, tsv + held_tsv.split("\n", 1)[1]
+
+
+def _comparison(loaded, experiments):
+    """compare_metrics' tables of one test set."""
     targets = sorted({float(t) for _, m in loaded for t in m["fa_targets"]})
     header = ["Keyword", "Run", "Positives", "Filler hours"] + [f"FRR @ {t:g} FA/h" for t in targets]
     table_head = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

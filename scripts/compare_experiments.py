@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Compare runs' metrics.json side by side: a Markdown table (with each experiment's median, min and max
-over its seeds), a long-format TSV and a DET plot of every run and keyword."""
+over its seeds), a long-format TSV and a DET plot of every run and keyword. With --heldout-metrics, a
+held-out split's metrics of the same runs (corpus.heldout_engine's test_engine) get a section of their own,
+with each run at its exported thresholds."""
 
 import argparse
 from pathlib import Path
@@ -23,6 +25,15 @@ def parse_args(argv=None):
         default=None,
         help="the experiment of each run: runs of one experiment (seeds) get a median row",
     )
+    parser.add_argument(
+        "--heldout-metrics",
+        nargs="+",
+        default=None,
+        help="each run's metrics.json of a held-out split, in the order of --metrics",
+    )
+    parser.add_argument(
+        "--heldout-split", default="test_engine", help="the held-out split's name (default test_engine)"
+    )
     parser.add_argument("--out-md", required=True, help="Markdown table to write")
     parser.add_argument("--out-tsv", required=True, help="TSV table to write")
     parser.add_argument("--out-plot", default=None, help="DET comparison PNG to write")
@@ -35,7 +46,9 @@ def main(argv=None):
     names = args.names or [Path(p).resolve().parent.name for p in args.metrics]
     if len(names) != len(args.metrics):
         raise KwsError(f"--names: {len(names)} name(s) for {len(args.metrics)} metrics file(s)")
-    markdown, tsv = compare_metrics(list(zip(names, args.metrics)), args.experiments)
+    markdown, tsv = compare_metrics(
+        list(zip(names, args.metrics)), args.experiments, heldout=args.heldout_metrics, heldout_split=args.heldout_split
+    )
     if args.out_plot:
         from kws.tables import keyword_entries, load_metrics
 

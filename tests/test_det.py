@@ -322,6 +322,32 @@ def test_compare_metrics(tmp_path):
     assert row.split(" | ")[-1] == "50.00 % [0.00-100.00] ‡ |" and "‡ a run with n/a counts as 100 %" in md
 
 
+def test_compare_metrics_with_a_heldout_split(tmp_path):
+    """Experiments compared on the held-out engine's split too: its own tables, each run at the thresholds
+    its export ships (chosen on test), each experiment's median over its seeds."""
+    _write_case(tmp_path)
+    test = _det_of_case(tmp_path, "test")
+    held = [
+        _det_of_case(tmp_path, f"held{i}", reference_thresholds={"<HI_THERE>": (t, "test"), "<YO>": (0.5, "test")})
+        for i, t in enumerate((0.65, 0.3, 0.65))
+    ]
+    named = [("s1", test), ("s2", test), ("s3", test)]
+    md, tsv = compare_metrics(named, ["exp"] * 3, heldout=held)
+    before, section = md.split("## The held-out split (test_engine)")
+    assert "s1/test_engine" not in before and "| <HI_THERE> | s2/test_engine |" in section
+    # p1 (max 0.7) and p2 (0.4): found at 0.3, one missed at 0.65
+    assert "| <HI_THERE> | s1/test_engine | 0.65 | 50.00 % (1.3-98.7) | 1 / 2 |" in section
+    assert "| <HI_THERE> | s2/test_engine | 0.30 | 0.00 % (0.0-84.2) | 0 / 2 |" in section
+    exported = section.split("At the exported thresholds")[1]
+    row = next(line for line in exported.splitlines() if line.startswith("| <HI_THERE> | **exp**"))
+    assert "50.00 % [0.00-50.00]" in row
+    rows = [line.split("\t") for line in tsv.strip().splitlines()[1:]]
+    assert {r[0] for r in rows} == {"s1", "s2", "s3", "s1/test_engine", "s2/test_engine", "s3/test_engine"}
+    assert md.startswith(compare_metrics(named, ["exp"] * 3)[0])  # test's tables as without it
+    with pytest.raises(KwsError, match="2 held-out metrics file"):
+        compare_metrics(named, ["exp"] * 3, heldout=held[:2])
+
+
 def test_cli(tmp_path):
     _write_case(tmp_path)
     run = [

@@ -318,6 +318,15 @@ def test_listing_more_seeds_trains_only_the_new_seed_and_compares_the_seeds(comp
     assert "--experiments tiny tiny" in result.stdout and "--names tiny tiny-seed1" in result.stdout
 
 
+def test_seeds_are_compared_on_the_heldout_engine_too(tmp_path):
+    """With corpus.heldout_engine, the comparison reads every run's test_engine metrics beside test's."""
+    make_workdir(tmp_path, with_changes(**{"experiments/tiny/seeds": [666, 1], "corpus/heldout_engine": "mbrola"}))
+    result = snakemake(tmp_path, "-n", "--printshellcmds")
+    assert result.returncode == 0, result.stderr[-3000:]
+    heldout = "results/tiny/test_engine/metrics.json results/tiny-seed1/test_engine/metrics.json"
+    assert f"--heldout-metrics {heldout} --heldout-split test_engine" in result.stdout
+
+
 @pytest.mark.slow
 def test_smoke_run_trains_on_a_slice_without_touching_the_full_run(completed_run):
     result = snakemake(completed_run, "-n", "-p", "--config", "smoke=True", "smoke_utterances=8")

@@ -194,6 +194,12 @@ rule compare_experiments:
             exp=EXPERIMENTS,
             keyword=keywords(),
         ),
+        # a held-out engine's split beside test, each run also at its exported thresholds
+        heldout=(
+            expand(f"{eval_dir(HELDOUT_SPLIT)}/metrics.json", exp=EXPERIMENTS)
+            if HELDOUT_SPLIT in EVAL_SPLITS
+            else []
+        ),
         script=script("compare_experiments.py"),
         code=code_of("compare_experiments.py"),
     output:
@@ -222,7 +228,12 @@ rule compare_experiments:
         names=" ".join(EXPERIMENTS),
         # the experiment of each run: an experiment's seeds get a median [min-max] row
         experiments=" ".join(RUNS[run][0] for run in EXPERIMENTS),
+        heldout=lambda wildcards, input: (
+            f"--heldout-metrics {input.heldout} --heldout-split {HELDOUT_SPLIT}"
+            if input.heldout
+            else ""
+        ),
     shell:
         "python {input.script} --metrics {input.metrics} --names {params.names}"
-        " --experiments {params.experiments} --out-md {output.markdown} --out-tsv {output.table}"
-        " --out-plot {output.plot} > {log} 2>&1"
+        " --experiments {params.experiments} {params.heldout} --out-md {output.markdown}"
+        " --out-tsv {output.table} --out-plot {output.plot} > {log} 2>&1"
