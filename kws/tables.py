@@ -282,17 +282,27 @@ def _ordinary_points(kw):
     return (ordinary["operating_points"], ordinary["filler_hours"]) if ordinary else None
 
 
+def _keyword_runs(loaded, experiments):
+    """(token, [(run, experiment, keyword entry), ...]) for each keyword of any run, in first-seen order."""
+    tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
+    for token in tokens:
+        runs = []
+        for (name, m), exp in zip(loaded, experiments):
+            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
+            if kw is not None:
+                runs.append((name, exp, kw))
+        yield token, runs
+
+
 def _comparison_rows(loaded, experiments, targets, points_of):
     """Rows of the comparison table (one per keyword and run, plus each experiment's median [min-max] over
     its seeds) for the operating points and filler hours `points_of(keyword entry)` gives (None: the run
     has no such points)."""
     md = []
-    tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
-    for token in tokens:
+    for token, runs in _keyword_runs(loaded, experiments):
         runs_of = {}
-        for (name, m), exp in zip(loaded, experiments):
-            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
-            view = None if kw is None else points_of(kw)
+        for name, exp, kw in runs:
+            view = points_of(kw)
             if view is None:
                 continue
             points, hours = view
@@ -316,12 +326,10 @@ def _exported_rows(loaded, experiments):
     """Rows of each run's errors at the thresholds its export takes from another test set (kws.det
     `at_reference_threshold`), plus each experiment's median [min-max] FRR over its seeds."""
     md = []
-    tokens = list(dict.fromkeys(kw["token"] for _, m in loaded for kw in keyword_entries(m)))
-    for token in tokens:
+    for token, runs in _keyword_runs(loaded, experiments):
         runs_of = {}
-        for (name, m), exp in zip(loaded, experiments):
-            kw = next((k for k in keyword_entries(m) if k["token"] == token), None)
-            point = kw and kw.get("at_reference_threshold")
+        for name, exp, kw in runs:
+            point = kw.get("at_reference_threshold")
             if not point:
                 continue
             runs_of.setdefault(exp, []).append(point["frr"])
