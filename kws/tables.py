@@ -380,18 +380,9 @@ def compare_metrics(named, experiments=None, heldout=None, heldout_split="test_e
     markdown += f"\n## The held-out split ({heldout_split})\n\n" + held_md
     if exported:
         header = ["Keyword", "Run", "Threshold", "FRR (95 % CI)", "Misses", "FA/h on ordinary negatives"]
-        markdown += "\n".join(
-            [
-                "",
-                "At the exported thresholds (chosen on test, as the export chooses them): what each exported "
-                "detector does on this split.",
-                "",
-                "| " + " | ".join(header) + " |",
-                "|" + "---|" * len(header),
-                *exported,
-            ]
-        )
-        markdown += "\n"
+        title = f"At the exported thresholds ({heldout_split})"
+        note = "Thresholds chosen on test, as the export chooses them: what each exported detector does on this split."
+        markdown += "\n" + "\n".join(_section_head(title, note, header) + exported) + "\n"
     return markdown, tsv + held_tsv.split("\n", 1)[1]
 
 
