@@ -58,6 +58,7 @@ from kws.distributed import (
     init_distributed,
     resolve_backend,
 )
+from kws.ema import WeightAverage
 from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
@@ -213,6 +214,9 @@ def resolve_config(args):
         weight = tc.get(key)
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
             raise KwsError(f"{args.config}: training_config.{key} must be a weight >= 0 or null, got {weight!r}")
+    decay = tc.get("ema_decay")
+    if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1):
+        raise KwsError(f"{args.config}: training_config.ema_decay must be a number in (0, 1) or null, got {decay!r}")
     for key in ("max_epoch", "log_interval"):
         if isinstance(tc[key], bool) or not isinstance(tc[key], int) or tc[key] < 1:
             raise KwsError(f"{args.config}: training_config.{key} must be a positive integer, got {tc[key]!r}")
@@ -343,6 +347,7 @@ class TrainState:
     confusable_keys: frozenset = frozenset()  # training utterances of the kinds it weighs (kws.datalist)
     engine_adversary: float = 0.0  # training_config.engine_adversary: the weight of the engine loss
     engine_targets: dict = None  # key -> engine class id (kws.adversary), None when it is off
+    ema: WeightAverage = None  # training_config.ema_decay: the average evaluated and saved, None when off
 
 
 def target_window(state, keys):
@@ -430,6 +435,12 @@ def engine_supervision(tc, train_items):
 def phone_model(trained):
     """The PhoneCTCModel inside what trains (kws.adversary wraps it with engine_adversary)."""
     return trained.trained if isinstance(trained, EngineAdversaryModel) else trained
+
+
+def kws_model(trained):
+    """The KWSModel inside what trains (PhoneCTCModel and EngineAdversaryModel wrap it)."""
+    inner = phone_model(trained)
+    return inner.model if isinstance(inner, PhoneCTCModel) else inner
 
 
 def optimizer_step(model, optimizer, grad_clip):
@@ -543,6 +554,8 @@ def train_one_epoch(state, batches, epoch, counts):
             for group in state.optimizer.param_groups:
                 group["lr"] = lr
         grad_norm, stepped = optimizer_step(state.model, state.optimizer, state.grad_clip)
+        if state.ema is not None:
+            state.ema.update()
         sums.add_step(batch_index, grad_norm, stepped)
         if batch_index % state.log_interval == 0:
             sums.check(state.guard, epoch)
@@ -577,7 +590,7 @@ def train_one_epoch(state, batches, epoch, counts):
 def evaluate(state, batches):
     """CV loss and accuracy over the whole CV list (each rank its shard), all-reduced:
     (loss, acc, utterances)."""
-    model = state.bare_model
+    model = state.bare_model if state.ema is None else kws_model(state.ema.module)
     state.dist.sync_buffers(model)
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=state.device)  # read once, at the end
@@ -754,13 +767,19 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         engine_adversary=float(tc.get("engine_adversary") or 0.0),
         engine_targets=engine_targets(train_items, engines) if engines else None,
     )
+    if tc.get("ema_decay") is not None:
+        state.ema = WeightAverage(trained, tc["ema_decay"])
+    saved = trained if state.ema is None else state.ema.module  # what a checkpoint's weights are
     if resume.path:
         p = resume.payload
-        model.load_state_dict(p["model"])
+        kws_model(saved).load_state_dict(p["model"])
         if phones:
-            phone_model(trained).phone_head.load_state_dict(p["phone_head"])
+            phone_model(saved).phone_head.load_state_dict(p["phone_head"])
         if engines:
-            trained.engine_head.load_state_dict(p["engine_head"])
+            saved.engine_head.load_state_dict(p["engine_head"])
+        if state.ema is not None:
+            trained.load_state_dict(p["training_weights"])
+            state.ema.updates = int(p["ema_updates"])
         if p.get("optimizer"):
             optimizer.load_state_dict(p["optimizer"])
         if p.get("scheduler"):
@@ -853,7 +872,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
             ckpt.save_checkpoint(
                 model_dir,
                 {
-                    "model": model.state_dict(),
+                    "model": kws_model(saved).state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "epoch": epoch,
@@ -872,13 +891,18 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                     **(
                         {
                             "phones": phones,
-                            "phone_head": phone_model(trained).phone_head.state_dict(),
+                            "phone_head": phone_model(saved).phone_head.state_dict(),
                             "keyword_phones": spoken,
                         }
                         if phones
                         else {}
                     ),
-                    **({"engines": engines, "engine_head": trained.engine_head.state_dict()} if engines else {}),
+                    **({"engines": engines, "engine_head": saved.engine_head.state_dict()} if engines else {}),
+                    **(
+                        {"training_weights": trained.state_dict(), "ema_updates": state.ema.updates}
+                        if state.ema is not None
+                        else {}
+                    ),
                 },
                 {
                     "cv_loss": cv_loss,

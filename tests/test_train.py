@@ -559,6 +559,95 @@ def test_confusable_weight_weighs_near_misses_and_partials_in_training_only(setu
         trainer.main([*argv, "--override", "training_config.confusable_weight=-1"])
 
 
+def test_weight_average_follows_the_weights_with_a_warm_up():
+    """kws.ema.WeightAverage: each update moves every parameter and floating buffer of the copy by
+    (1 - d) towards the module's, d = min(decay, (1 + n) / (10 + n)) at the n-th update; integer buffers
+    (BatchNorm's count) are copied; the module itself is left alone."""
+    from kws.ema import WeightAverage
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    average = WeightAverage(module, 0.5)
+    start = {key: value.clone() for key, value in module.state_dict().items()}
+    expected = {key: value.clone() for key, value in start.items()}
+    for n in (1, 2, 3):
+        with torch.no_grad():
+            for parameter in module.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        module.train()(torch.randn(5, 3))  # moves the running statistics and the count
+        average.update()
+        decay = min(0.5, (1 + n) / (10 + n))
+        for key, value in module.state_dict().items():
+            if value.is_floating_point():
+                expected[key] = decay * expected[key] + (1 - decay) * value
+            else:
+                expected[key] = value.clone()
+        got = average.module.state_dict()
+        for key in expected:
+            assert torch.allclose(got[key], expected[key], atol=1e-6), (n, key)
+    assert average.updates == 3 and int(average.module[1].num_batches_tracked) == 3
+    assert not torch.equal(module[0].weight, start["0.weight"])  # the module trained on, untouched by the average
+    assert not any(parameter.requires_grad for parameter in average.module.parameters())
+
+
+def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp_path):
+    """training_config.ema_decay: each checkpoint's model is the moving average of the weights after every
+    optimizer step (the weights that train travel beside it), a run resumed from epoch 2 ends with the same
+    checkpoint as the uninterrupted run, a run without it saves no second set of weights, and a decay
+    outside (0, 1) is refused."""
+    from kws.ema import WeightAverage
+
+    steps, created = [], []
+
+    class Recorded(WeightAverage):
+        def __init__(self, module, decay):
+            super().__init__(module, decay)
+            created.append({key: value.clone() for key, value in self.module.state_dict().items()})
+
+    real_step = trainer.optimizer_step
+
+    def recording_step(model, optimizer, grad_clip):
+        result = real_step(model, optimizer, grad_clip)
+        steps.append({key: value.clone() for key, value in model.state_dict().items()})
+        return result
+
+    monkeypatch.setattr(trainer, "WeightAverage", Recorded)
+    monkeypatch.setattr(trainer, "optimizer_step", recording_step)
+    ema = ("--override", "training_config.ema_decay=0.8")
+    reference = tmp_path / "reference"
+    assert run_inprocess(setup, reference, "--max_epoch", "3", *ema) == 0
+    saved = state(reference / "epoch_003.pt")
+    assert len(created) == 1 and len(steps) == 15 and saved["ema_updates"] == 15
+    expected = dict(created[0])
+    for n, weights in enumerate(steps, start=1):
+        decay = min(0.8, (1 + n) / (10 + n))
+        expected = {
+            key: decay * expected[key] + (1 - decay) * value if value.is_floating_point() else value
+            for key, value in weights.items()
+        }
+    assert saved["model"].keys() == expected.keys()
+    for key, value in saved["model"].items():
+        assert torch.allclose(value, expected[key], atol=1e-6), key
+    assert_same_tensors(saved["training_weights"], steps[-1])
+    assert not torch.allclose(saved["model"]["classifier.linear.weight"], steps[-1]["classifier.linear.weight"])
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(reference, resumed)
+    for name in ("final.yaml", "epoch_003.pt", "epoch_003.yaml"):
+        (resumed / name).unlink()
+    assert run_inprocess(setup, resumed, "--max_epoch", "3", *ema) == 0
+    again = state(resumed / "epoch_003.pt")
+    assert_same_checkpoint(reference / "epoch_003.pt", resumed / "epoch_003.pt")
+    assert_same_tensors(saved["training_weights"], again["training_weights"])
+    assert again["ema_updates"] == 15
+
+    plain = tmp_path / "plain"
+    assert run_inprocess(setup, plain, "--max_epoch", "1") == 0
+    assert "training_weights" not in state(plain / "epoch_001.pt")
+    with pytest.raises(KwsError, match=r"training_config.ema_decay must be a number in \(0, 1\)"):
+        run_inprocess(setup, tmp_path / "bad", "--override", "training_config.ema_decay=1.5")
+
+
 def test_cosine_lr_schedule_decays_every_step_and_resumes_exactly(setup, monkeypatch, tmp_path):
     """training_config.lr_schedule cosine: every step's learning rate follows half a cosine from
     optim_conf.lr to COSINE_FLOOR of it over the run, a resumed run takes the very same steps, a changed

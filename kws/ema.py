@@ -1,0 +1,38 @@
+"""An exponential moving average of the weights that train (`training_config.ema_decay`).
+
+The average is the model that is evaluated, checkpointed and averaged; the weights the optimizer moves
+train on underneath it and travel in each checkpoint too, so a resumed run is the same run.
+"""
+
+import copy
+
+import torch
+
+
+class WeightAverage:
+    """`module`'s parameters and floating buffers (BatchNorm's statistics) averaged after every optimizer
+    step: average <- d * average + (1 - d) * weights, d = min(decay, (1 + n) / (10 + n)) at the n-th update
+    (TensorFlow's ExponentialMovingAverage with num_updates), so the first updates do not leave the average
+    near the initial weights. Integer buffers are copied. Everything stays on the device and in place: an
+    update costs no host sync (a step skipped for a non-finite gradient is still an update, of weights
+    that did not move)."""
+
+    def __init__(self, module, decay):
+        self.decay = float(decay)
+        self.updates = 0
+        self.source = module
+        self.module = copy.deepcopy(module)
+        for parameter in self.module.parameters():
+            parameter.requires_grad_(False)
+        pairs = list(zip(self.module.state_dict().values(), module.state_dict().values()))
+        self._floats = [(mine, theirs) for mine, theirs in pairs if mine.is_floating_point()]
+        self._others = [(mine, theirs) for mine, theirs in pairs if not mine.is_floating_point()]
+
+    def update(self):
+        self.updates += 1
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        with torch.no_grad():
+            mine, theirs = zip(*self._floats)
+            torch._foreach_lerp_(list(mine), list(theirs), 1.0 - decay)
+            for target, value in self._others:
+                target.copy_(value)
