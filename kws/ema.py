@@ -20,19 +20,19 @@ class WeightAverage:
     def __init__(self, module, decay):
         self.decay = float(decay)
         self.updates = 0
-        self.source = module
         self.module = copy.deepcopy(module)
         for parameter in self.module.parameters():
             parameter.requires_grad_(False)
+        # state_dict() tensors share storage with the modules' own: updating them updates the average
         pairs = list(zip(self.module.state_dict().values(), module.state_dict().values()))
-        self._floats = [(mine, theirs) for mine, theirs in pairs if mine.is_floating_point()]
-        self._others = [(mine, theirs) for mine, theirs in pairs if not mine.is_floating_point()]
+        self._averaged = [mine for mine, _ in pairs if mine.is_floating_point()]
+        self._weights = [theirs for mine, theirs in pairs if mine.is_floating_point()]
+        self._copied = [(mine, theirs) for mine, theirs in pairs if not mine.is_floating_point()]
 
     def update(self):
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
         with torch.no_grad():
-            mine, theirs = zip(*self._floats)
-            torch._foreach_lerp_(list(mine), list(theirs), 1.0 - decay)
-            for target, value in self._others:
+            torch._foreach_lerp_(self._averaged, self._weights, 1.0 - decay)
+            for target, value in self._copied:
                 target.copy_(value)
