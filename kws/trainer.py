@@ -914,6 +914,8 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                     "train_utterances": stats["train_utts"],
                     "batches": stats["batches"],
                     "seconds": round(seconds, 3),
+                    # the warm-up may hold the decay under training_config.ema_decay all run long: say so
+                    **({"ema_decay": round(state.ema.current_decay, 6)} if state.ema is not None else {}),
                 },
             )
             history.append(row)
@@ -935,6 +937,14 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
                 row["utts_per_s"],
                 stats["batches"],
             )
+            if state.ema is not None:
+                log.info(
+                    "epoch %d: the moving average's decay %.5f after %d updates (training_config.ema_decay %g)",
+                    epoch,
+                    state.ema.current_decay,
+                    state.ema.updates,
+                    state.ema.decay,
+                )
         dist.barrier(f"the end of epoch {epoch}", args.timeout)  # nobody runs ahead of a checkpoint
 
     if rank == 0:

@@ -588,6 +588,11 @@ def test_weight_average_follows_the_weights_with_a_warm_up():
     assert average.updates == 3 and int(average.module[1].num_batches_tracked) == 3
     assert not torch.equal(module[0].weight, start["0.weight"])  # the module trained on, untouched by the average
     assert not any(parameter.requires_grad for parameter in average.module.parameters())
+    # the warm-up, not the decay, sets the default's average: 8 epochs of 300 steps stay under 0.998
+    average.decay, average.updates = 0.998, 2400
+    assert average.current_decay == pytest.approx(2401 / 2410)
+    average.updates = 4490
+    assert average.current_decay == pytest.approx(0.998)
 
 
 def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp_path):
@@ -629,6 +634,8 @@ def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp
     for key, value in saved["model"].items():
         assert torch.allclose(value, expected[key], atol=1e-6), key
     assert_same_tensors(saved["training_weights"], steps[-1])
+    # the sidecar says which decay the average had reached: the warm-up's 16 / 25, under the 0.8 asked for
+    assert yaml.safe_load((reference / "epoch_003.yaml").read_text())["ema_decay"] == pytest.approx(16 / 25)
     assert not torch.allclose(saved["model"]["classifier.linear.weight"], steps[-1]["classifier.linear.weight"])
 
     resumed = tmp_path / "resumed"
