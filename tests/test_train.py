@@ -588,9 +588,9 @@ def test_weight_average_follows_the_weights_with_a_warm_up():
     assert average.updates == 3 and int(average.module[1].num_batches_tracked) == 3
     assert not torch.equal(module[0].weight, start["0.weight"])  # the module trained on, untouched by the average
     assert not any(parameter.requires_grad for parameter in average.module.parameters())
-    # the warm-up, not the decay, sets the default's average: 8 epochs of 300 steps stay under 0.998
-    average.decay, average.updates = 0.998, 2400
-    assert average.current_decay == pytest.approx(2401 / 2410)
+    # the warm-up, not the decay, sets the default's average: its 10 epochs of 300 steps stay under 0.998
+    average.decay, average.updates = 0.998, 3000
+    assert average.current_decay == pytest.approx(3001 / 3010)
     average.updates = 4490
     assert average.current_decay == pytest.approx(0.998)
 
