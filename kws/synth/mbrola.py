@@ -1,4 +1,5 @@
-"""Mandarin by MBROLA's cn1 diphone voice: a second synthesis method for Mandarin, built from recordings.
+"""MBROLA's diphone voices, built from recordings: Mandarin by cn1, and every other language eSpeak NG
+drives an installed MBROLA voice for (English: us1, us2, us3, en1).
 
 eSpeak NG is formant synthesis; cn1 (Debian non-free `mbrola-cn1`, recorded from two native speakers)
 concatenates recorded diphones, so a model trained on eSpeak alone and tested on cn1 is tested on a kind
@@ -9,8 +10,15 @@ silence-initial, initial-final and final-silence diphones only, so syllables are
 
 Rate scales the durations, pitch sets the base F0, range scales the tone contours, and the request's seed
 jitters each syllable's duration and pitch, so one voice still gives varied, reproducible speech.
+
+The other languages go through the `espeak-ng` program (Debian `espeak-ng`; the in-process library of
+kws.synth.espeak ships no MBROLA voices): its `mb-*` voices turn text into MBROLA's phonemes and prosody
+and run the `mbrola` binary, so the prosody is eSpeak's and the sound is recorded diphones. A voice is
+there when its MBROLA database is installed (Debian non-free `mbrola-us1` ...). Rate and pitch are
+eSpeak's own controls.
 """
 
+import functools
 import random
 import re
 import shutil
@@ -22,9 +30,9 @@ from kws.errors import KwsError
 from kws.synth.engine_base import NORMAL_RATE, read_engine_wav
 
 VOICE_DIR = Path("/usr/share/mbrola")
-VOICES = {"cn1": "cn1"}  # voice -> speaker
-PACKAGES = "mbrola mbrola-cn1"
-LANGUAGES = ("cmn", "cmn-latn-pinyin")
+CN1 = {"cn1": "cn1"}  # voice -> speaker
+PACKAGES = "mbrola mbrola-cn1, English: mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1 espeak-ng"
+CN1_LANGUAGES = ("cmn", "cmn-latn-pinyin")
 TIMEOUT_S = 60
 
 INITIALS = ("zh", "ch", "sh", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", "h", "j", "q", "x", "r", "z", "c", "s")
@@ -47,10 +55,55 @@ _PAUSE = re.compile(r"[,，、;；:：]")
 
 
 def check():
-    if shutil.which("mbrola") is None or not (VOICE_DIR / "cn1" / "cn1").is_file():
+    if shutil.which("mbrola") is None or not voices():
         raise KwsError(
-            f"corpus.engines: engine mbrola is not installed (Debian contrib/non-free: apt-get install {PACKAGES})"
+            f"corpus.engines: engine mbrola is not installed (Debian contrib/non-free: apt-get install {PACKAGES}; "
+            "or bash scripts/install_nonfree_voices.sh)"
         )
+
+
+def _cn1():
+    return dict(CN1) if (VOICE_DIR / "cn1" / "cn1").is_file() else {}
+
+
+def _base(language):
+    return language.lower().replace("_", "-").split("-")[0]
+
+
+@functools.lru_cache(maxsize=1)
+def espeak_voices():
+    """{eSpeak NG voice (mb-us1): (speaker, base language codes)} of the `espeak-ng` program's MBROLA voices
+    whose database is installed; {} without the program."""
+    if shutil.which("espeak-ng") is None:
+        return {}
+    run = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    match = re.search(r"Data at:\s*(\S+)", run.stdout)
+    folder = Path(match.group(1)) / "voices" / "mb" if match else None
+    table = {}
+    for path in sorted(folder.glob("mb-*")) if folder and folder.is_dir() else []:
+        lines = [line.split() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        database = next((words[1] for words in lines if len(words) > 1 and words[0] == "mbrola"), None)
+        languages = {_base(words[1]) for words in lines if len(words) > 1 and words[0] == "language"}
+        if database and database != "cn1" and (VOICE_DIR / database / database).is_file():
+            table[path.name] = (f"mbrola_{database}", frozenset(languages))
+    return table
+
+
+def voice_speaks(voice, language):
+    """Whether `voice` speaks `language`."""
+    if voice in CN1:
+        return language in CN1_LANGUAGES
+    entry = espeak_voices().get(voice)
+    return entry is not None and _base(language) in entry[1]
+
+
+def voices(language=None):
+    """voice -> speaker, of `language` (an eSpeak NG code; its base language counts: en-us takes en1 too) or
+    of every language. Mandarin is cn1 alone: eSpeak's Mandarin MBROLA voice would be cn1 a second time."""
+    table = {**_cn1(), **{voice: speaker for voice, (speaker, _) in espeak_voices().items()}}
+    if language is None:
+        return table
+    return {voice: speaker for voice, speaker in table.items() if voice_speaks(voice, language)}
 
 
 def to_pinyin(text):
@@ -150,14 +203,31 @@ def pho(text, rate=NORMAL_RATE, pitch=50, pitch_range=50, seed=1):
     return "\n".join(lines) + "\n"
 
 
+def _espeak_command(request, wav_path):
+    rate = min(max(round(float(request.get("rate", NORMAL_RATE))), 80), 450)
+    pitch = min(max(round(float(request.get("pitch", 50))), 0), 99)
+    voice, text = request["voice"], request["text"]
+    return ["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "-w", str(wav_path), "--", text]
+
+
 def synthesize(requests, log=None):
-    """Per request (float32 samples, rate) or None; a request names voice cn1 and gives text, rate, pitch."""
+    """Per request (float32 samples, rate) or None; a request names a voice of `voices()` and gives text,
+    rate, pitch (and for cn1 range and seed)."""
     check()
     out = []
+    table = voices()
     with tempfile.TemporaryDirectory(prefix="kws-mbrola-") as tmp:
         for index, request in enumerate(requests):
-            if request.get("voice") not in VOICES:
-                raise KwsError(f"MBROLA has no voice {request.get('voice')!r} here (voices: {', '.join(VOICES)})")
+            if request.get("voice") not in table:
+                raise KwsError(f"MBROLA has no voice {request.get('voice')!r} here (voices: {', '.join(table)})")
+            wav_path = Path(tmp) / f"{index}.wav"
+            if request["voice"] not in CN1:
+                run = subprocess.run(_espeak_command(request, wav_path), capture_output=True, timeout=TIMEOUT_S)
+                audio = read_engine_wav(wav_path) if run.returncode == 0 else None
+                if audio is None and log:
+                    log(f"MBROLA could not say {request['text']!r} with {request['voice']}; skipped")
+                out.append(audio)
+                continue
             script = pho(
                 request["text"],
                 request.get("rate", NORMAL_RATE),
@@ -167,7 +237,7 @@ def synthesize(requests, log=None):
             )
             audio = None
             if script is not None:
-                pho_path, wav_path = Path(tmp) / f"{index}.pho", Path(tmp) / f"{index}.wav"
+                pho_path = Path(tmp) / f"{index}.pho"
                 pho_path.write_text(script, encoding="utf-8")
                 command = ["mbrola", "-e", str(VOICE_DIR / request["voice"] / request["voice"]), str(pho_path)]
                 run = subprocess.run([*command, str(wav_path)], capture_output=True, timeout=TIMEOUT_S)
