@@ -189,8 +189,10 @@ def _split_kinds(profile, shares, split_voices_):
 
 def _speakers(split_voices_, engine, language):
     """The split's voices of `engine` that speak `language`."""
-    from kws.synth.engines import voice_speaks
+    from kws.synth.engines import MODULE_ENGINES, speaks, voice_speaks
 
+    if engine not in MODULE_ENGINES:  # the others' voices all speak what the engine speaks
+        return split_voices_[engine] if speaks(engine, language) else []
     return [voice for voice in split_voices_[engine] if voice_speaks(engine, voice, language)]
 
 

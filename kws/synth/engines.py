@@ -69,6 +69,9 @@ def voice_speaks(engine, voice, language):
     """Whether the engine's `voice` (a name of `voices`) speaks `language`: an engine's voices may each
     speak another language (MBROLA's)."""
     if engine in MODULE_ENGINES:
+        module = _module(engine)
+        if hasattr(module, "voice_speaks"):  # one voice's languages, not the whole table (a hot loop of planning)
+            return module.voice_speaks(voice, language)
         return voice in _module_voices(engine, language)
     return speaks(engine, language)
 
