@@ -11,14 +11,17 @@ import torch
 
 class WeightAverage:
     """`module`'s parameters and floating buffers (BatchNorm's statistics) averaged after every optimizer
-    step: average <- d * average + (1 - d) * weights, d = min(decay, (1 + n) / (10 + n)) at the n-th update
-    (TensorFlow's ExponentialMovingAverage with num_updates), so the first updates do not leave the average
-    near the initial weights. Integer buffers are copied. Everything stays on the device and in place: an
-    update costs no host sync (a step skipped for a non-finite gradient is still an update, of weights
-    that did not move)."""
+    step: average <- d * average + (1 - d) * weights, d = min(decay, (1 + n) / (warmup + n)) at the n-th
+    update (TensorFlow's ExponentialMovingAverage with num_updates, whose warm-up constant is 10), so the
+    first updates do not leave the average near the initial weights. Under the warm-up the average weighs
+    the n-th step's weights about as n^(warmup - 2): it spans about the last 1 / (warmup - 1) of the steps
+    so far, and warmup 2 is the plain mean of every step's weights (Polyak's). Integer buffers are copied.
+    Everything stays on the device and in place: an update costs no host sync (a step skipped for a
+    non-finite gradient is still an update, of weights that did not move)."""
 
-    def __init__(self, module, decay):
+    def __init__(self, module, decay, warmup=10):
         self.decay = float(decay)
+        self.warmup = float(warmup)
         self.updates = 0
         self.module = copy.deepcopy(module)
         for parameter in self.module.parameters():
@@ -32,9 +35,9 @@ class WeightAverage:
     @property
     def current_decay(self):
         """The decay of the latest update. The warm-up holds it under `decay` for the first
-        (10 * decay - 1) / (1 - decay) updates (4,490 at 0.998), which can be the whole run: then the average
-        spans about the last ninth of the steps so far, and `decay` itself never acts."""
-        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+        (warmup * decay - 1) / (1 - decay) updates (4,490 at 0.998 and warmup 10), which can be the whole
+        run: then the warm-up alone sets the average, and `decay` itself never acts."""
+        return min(self.decay, (1 + self.updates) / (self.warmup + self.updates))
 
     def update(self):
         self.updates += 1

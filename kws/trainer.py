@@ -217,6 +217,9 @@ def resolve_config(args):
     decay = tc.get("ema_decay")
     if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1):
         raise KwsError(f"{args.config}: training_config.ema_decay must be a number in (0, 1) or null, got {decay!r}")
+    warmup = tc.get("ema_warmup", 10)
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not warmup >= 2:
+        raise KwsError(f"{args.config}: training_config.ema_warmup must be a number >= 2, got {warmup!r}")
     for key in ("max_epoch", "log_interval"):
         if isinstance(tc[key], bool) or not isinstance(tc[key], int) or tc[key] < 1:
             raise KwsError(f"{args.config}: training_config.{key} must be a positive integer, got {tc[key]!r}")
@@ -768,7 +771,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         engine_targets=engine_targets(train_items, engines) if engines else None,
     )
     if tc.get("ema_decay") is not None:
-        state.ema = WeightAverage(trained, tc["ema_decay"])
+        state.ema = WeightAverage(trained, tc["ema_decay"], tc.get("ema_warmup", 10))
     saved = trained if state.ema is None else state.ema.module  # what a checkpoint's weights are
     if resume.path:
         p = resume.payload

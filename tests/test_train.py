@@ -595,6 +595,26 @@ def test_weight_average_follows_the_weights_with_a_warm_up():
     assert average.current_decay == pytest.approx(0.998)
 
 
+def test_weight_average_warmup_two_is_the_mean_of_every_step():
+    """training_config.ema_warmup 2: under the warm-up the average is the plain mean of the weights after
+    every update (the initial weights counted twice), not a recent window."""
+    from kws.ema import WeightAverage
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 2)
+    average = WeightAverage(module, 0.999, warmup=2)
+    initial = module.weight.detach().clone()
+    seen = []
+    for _ in range(6):
+        with torch.no_grad():
+            module.weight.add_(torch.randn_like(module.weight))
+        seen.append(module.weight.detach().clone())
+        average.update()
+    expected = (2 * initial + sum(seen)) / (len(seen) + 2)
+    assert torch.allclose(average.module.weight, expected, atol=1e-6)
+    assert average.current_decay == pytest.approx(7 / 8)
+
+
 def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp_path):
     """training_config.ema_decay: each checkpoint's model is the moving average of the weights after every
     optimizer step (the weights that train travel beside it), a run resumed from epoch 2 ends with the same
@@ -605,8 +625,8 @@ def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp
     steps, created = [], []
 
     class Recorded(WeightAverage):
-        def __init__(self, module, decay):
-            super().__init__(module, decay)
+        def __init__(self, module, decay, warmup):
+            super().__init__(module, decay, warmup)
             created.append({key: value.clone() for key, value in self.module.state_dict().items()})
 
     real_step = trainer.optimizer_step
@@ -653,6 +673,12 @@ def test_ema_decay_saves_the_average_and_resumes_exactly(setup, monkeypatch, tmp
     assert "training_weights" not in state(plain / "epoch_001.pt")
     with pytest.raises(KwsError, match=r"training_config.ema_decay must be a number in \(0, 1\)"):
         run_inprocess(setup, tmp_path / "bad", "--override", "training_config.ema_decay=1.5")
+    # a longer warm-up window: the decay the sidecar records is (1 + n) / (warmup + n) after n = 15 updates
+    longer = ("--override", "training_config.ema_decay=0.99", "--override", "training_config.ema_warmup=3")
+    assert run_inprocess(setup, tmp_path / "warmup3", "--max_epoch", "3", *longer) == 0
+    assert yaml.safe_load((tmp_path / "warmup3" / "epoch_003.yaml").read_text())["ema_decay"] == pytest.approx(16 / 18)
+    with pytest.raises(KwsError, match=r"training_config.ema_warmup must be a number >= 2, got 1"):
+        run_inprocess(setup, tmp_path / "bad_warmup", "--override", "training_config.ema_warmup=1", *ema)
 
 
 def test_cosine_lr_schedule_decays_every_step_and_resumes_exactly(setup, monkeypatch, tmp_path):
