@@ -8,6 +8,8 @@ import copy
 
 import torch
 
+DEFAULT_WARMUP = 10  # TensorFlow's: training_config.ema_warmup when unset
+
 
 class WeightAverage:
     """`module`'s parameters and floating buffers (BatchNorm's statistics) averaged after every optimizer
@@ -19,7 +21,7 @@ class WeightAverage:
     Everything stays on the device and in place: an update costs no host sync (a step skipped for a
     non-finite gradient is still an update, of weights that did not move)."""
 
-    def __init__(self, module, decay, warmup=10):
+    def __init__(self, module, decay, warmup=DEFAULT_WARMUP):
         self.decay = float(decay)
         self.warmup = float(warmup)
         self.updates = 0

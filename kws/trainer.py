@@ -58,7 +58,7 @@ from kws.distributed import (
     init_distributed,
     resolve_backend,
 )
-from kws.ema import WeightAverage
+from kws.ema import DEFAULT_WARMUP, WeightAverage
 from kws.errors import KwsError
 from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
@@ -217,7 +217,7 @@ def resolve_config(args):
     decay = tc.get("ema_decay")
     if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1):
         raise KwsError(f"{args.config}: training_config.ema_decay must be a number in (0, 1) or null, got {decay!r}")
-    warmup = tc.get("ema_warmup", 10)
+    warmup = tc.get("ema_warmup", DEFAULT_WARMUP)
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not warmup >= 2:
         raise KwsError(f"{args.config}: training_config.ema_warmup must be a number >= 2, got {warmup!r}")
     for key in ("max_epoch", "log_interval"):
@@ -771,7 +771,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         engine_targets=engine_targets(train_items, engines) if engines else None,
     )
     if tc.get("ema_decay") is not None:
-        state.ema = WeightAverage(trained, tc["ema_decay"], tc.get("ema_warmup", 10))
+        state.ema = WeightAverage(trained, tc["ema_decay"], tc.get("ema_warmup", DEFAULT_WARMUP))
     saved = trained if state.ema is None else state.ema.module  # what a checkpoint's weights are
     if resume.path:
         p = resume.payload
