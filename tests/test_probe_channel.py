@@ -1,4 +1,4 @@
-"""bench/probe_channel.py: the channels the README's quiet and microphone figures were measured through."""
+"""bench/probe_channel.py: the channels the quiet and microphone figures (docs/HISTORY.md) were measured through."""
 
 import importlib.util
 import json
