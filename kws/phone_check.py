@@ -89,8 +89,11 @@ class PhoneCheck:
             self.checked.append(k)
             self.lengths.append(len(label))
             self.last.append(len(states) - 1)
-        self.states, self.from_prev = np.array(states, dtype=np.int64), np.array(from_prev, dtype=bool)
-        self.skip, self.start = np.array(skip, dtype=bool), np.array(start, dtype=bool)
+        self.states = np.array(states, dtype=np.int64)
+        # the transitions as what path_scores adds to each predecessor: 0 where allowed, -inf where not
+        self.prev_penalty = np.where(np.array(from_prev[1:], dtype=bool), 0.0, -np.inf)
+        self.skip_penalty = np.where(np.array(skip[2:], dtype=bool), 0.0, -np.inf)
+        self.start_floor = np.where(np.array(start, dtype=bool), 0.0, -np.inf)
         self.last, self.lengths = np.array(self.last, dtype=np.int64), np.array(self.lengths, dtype=np.float64)
 
     def init_state(self):
@@ -99,17 +102,29 @@ class PhoneCheck:
 
     def path_scores(self, relative_log, delta):
         """(s [T, checked keywords] of frames `relative_log` [T, V + 1] = log y - max log y, new Viterbi
-        state) from the Viterbi state `delta` (init_state()[0] before the first frame)."""
+        state) from the Viterbi state `delta` (init_state()[0] before the first frame).
+
+        A frame's step is max(stay, come from the state before, skip the blank before, start here) plus the
+        frame's emission, for every keyword's states at once. A transition a state lacks adds -inf to that
+        predecessor, so the step is six whole-array operations into arrays allocated once: this frame loop
+        is where scoring and the deployed check spend their time, and max is exact, so the scores are the
+        same bits as a masked step's (bench/results.md, "The phoneme check's frame loop")."""
         emit = np.asarray(relative_log, dtype=np.float64)[:, self.states]
-        scores = np.empty((emit.shape[0], len(self.last)))
-        for t in range(emit.shape[0]):
-            best = delta.copy()
-            best[1:] = np.where(self.from_prev[1:], np.maximum(best[1:], delta[:-1]), best[1:])
-            best[2:] = np.where(self.skip[2:], np.maximum(best[2:], delta[:-2]), best[2:])
-            best = np.where(self.start, np.maximum(best, 0.0), best)
-            delta = best + emit[t]
-            scores[t] = np.maximum(delta[self.last], delta[self.last - 1])
-        return scores, delta
+        frames, count, size = emit.shape[0], len(self.last), len(self.states)
+        delta = np.array(delta, dtype=np.float64)
+        best, from_prev, skip = np.empty(size), np.empty(max(size - 1, 0)), np.empty(max(size - 2, 0))
+        ends = np.empty((frames, 2 * count))  # per frame: each keyword's last phoneme, then the blank after it
+        last_two = np.concatenate([self.last - 1, self.last])
+        add, maximum = np.add, np.maximum
+        for t in range(frames):
+            add(delta[:-1], self.prev_penalty, out=from_prev)
+            add(delta[:-2], self.skip_penalty, out=skip)
+            maximum(delta, self.start_floor, out=best)
+            maximum(best[1:], from_prev, out=best[1:])
+            maximum(best[2:], skip, out=best[2:])
+            add(best, emit[t], out=delta)
+            ends[t] = delta[last_two]
+        return maximum(ends[:, :count], ends[:, count:]), delta
 
     def apply(self, outputs, state):
         """(checked posteriors [T, K] float64 of outputs [T, K + V + 1], new state)."""

@@ -214,6 +214,35 @@ def test_keyword_path_scores_reward_the_keyword_said_and_nothing_else():
     assert np.array_equal(keyword_path_scores(longer, keyword)[: len(said)], scores)  # causal
 
 
+def test_path_scores_are_the_best_ctc_path_ending_at_each_frame():
+    """PhoneCheck.path_scores equals the dynamic programme written out state by state, to the last bit, for
+    several keywords at once: the CTC topology (stay, advance one state, skip the blank between two different
+    phonemes, never between a repeated one), a path starting on the first blank or phoneme at any frame and
+    ending on the last phoneme or the blank after it. A check without phonemes scores no keyword."""
+    rng = np.random.default_rng(3)
+    frames, classes = 40, 6
+    relative = rng.dirichlet(np.full(classes, 0.3), size=frames)
+    relative_log = np.log(relative / relative.max(axis=1, keepdims=True))
+    labels = [[1, 2, 2, 3], [4, 5], [3]]
+    check = PhoneCheck(labels, 0.5)
+    scores, _ = check.path_scores(relative_log, check.init_state()[0])
+    for k, label in enumerate(labels):
+        topology = [0] + [state for phoneme in label for state in (phoneme, 0)]
+        before, expected = [-np.inf] * len(topology), []
+        for t in range(frames):
+            now = []
+            for s, state in enumerate(topology):
+                candidates = [before[s]] + ([before[s - 1]] if s >= 1 else []) + ([0.0] if s < 2 else [])
+                if s >= 2 and state != 0 and state != topology[s - 2]:
+                    candidates.append(before[s - 2])
+                now.append(max(candidates) + relative_log[t, state])
+            before = now
+            expected.append(max(now[-1], now[-2]))
+        assert scores[:, k].tolist() == expected, f"keyword {k}"
+    unchecked = PhoneCheck([None, []], 0.5)
+    assert unchecked.path_scores(relative_log, unchecked.init_state()[0])[0].shape == (frames, 0)
+
+
 def test_phone_check_streams_exactly_and_checks_each_keyword_on_its_own():
     """PhoneCheck over several keywords at once == each keyword alone; chunk by chunk == whole; a keyword
     without phonemes, or alpha 0, passes its posteriors unchanged; checked scores never exceed them."""
