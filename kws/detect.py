@@ -1,8 +1,9 @@
 """Streaming keyword detection with an exported model: `kws-detect MODEL AUDIO` (or `python -m kws.detect`).
 
 MODEL is an export of `scripts/export_model.py`: `model.onnx` (run with onnxruntime) or the
-TorchScript `model.pt`, chosen by suffix. AUDIO is a 16 kHz mono wav, or `-` for raw 16 kHz 16-bit
-little-endian mono PCM on standard input (e.g. `arecord -f S16_LE -r 16000 -c 1 -t raw | kws-detect m.pt -`).
+TorchScript `model.pt`, chosen by suffix. AUDIO is a wav file (a recording at another rate or with several
+channels is averaged to mono and resampled to 16 kHz, and a note on stderr says so), or `-` for raw 16 kHz
+16-bit little-endian mono PCM on standard input (e.g. `arecord -f S16_LE -r 16000 -c 1 -t raw | kws-detect m.pt -`).
 
 Audio is processed in chunks of --chunk-ms: fbank frames are computed incrementally
 (`kws.streaming_fbank`, the same `compute_fbank` as training and scoring, with the
@@ -172,10 +173,13 @@ def pcm_chunks(stream, chunk_samples):
         print("warning: stdin ended with an odd byte (half a sample); ignored", file=sys.stderr)
 
 
-def wav_chunks(path, chunk_samples):
-    from kws.audio import read_wav
+def wav_chunks(path, chunk_samples, rate=16000):
+    """Chunks of a wav at `rate` Hz mono; another rate or channel count is converted, with a note on stderr."""
+    from kws.audio import read_recording
 
-    samples = read_wav(path)
+    samples, converted = read_recording(path, rate)
+    if converted:
+        print(f"note: {path}: {converted}", file=sys.stderr)
     for start in range(0, samples.size, chunk_samples):
         yield samples[start : start + chunk_samples]
 
@@ -193,7 +197,11 @@ def parse_args(argv=None):
         prog="kws-detect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("model", help="exported model: model.onnx (onnxruntime) or model.pt (TorchScript)")
-    parser.add_argument("audio", help="16 kHz mono wav, or - for raw 16 kHz s16le mono PCM on stdin")
+    parser.add_argument(
+        "audio",
+        help="a wav (another rate than 16 kHz or several channels are converted, with a note on stderr), "
+        "or - for raw 16 kHz s16le mono PCM on stdin",
+    )
     parser.add_argument(
         "--threshold",
         action="append",
@@ -230,7 +238,11 @@ def main(argv=None):
     runner = load_exported(args.model, threads=args.threads)
     detector = Detector(runner, resolve_thresholds(runner.meta, args.threshold), refractory=args.refractory)
     chunk_samples = max(1, int(round(detector.fbank.sample_rate * args.chunk_ms / 1000.0)))
-    chunks = pcm_chunks(sys.stdin.buffer, chunk_samples) if args.audio == "-" else wav_chunks(args.audio, chunk_samples)
+    chunks = (
+        pcm_chunks(sys.stdin.buffer, chunk_samples)
+        if args.audio == "-"
+        else wav_chunks(args.audio, chunk_samples, detector.fbank.sample_rate)
+    )
     try:
         for chunk in chunks:
             for det in detector.accept(chunk):

@@ -255,6 +255,39 @@ def test_cli_subprocess_stdin(tone_export):
     assert len(lines) == 1 and lines[0].startswith("<HI_XIAOWEN> 1.0")
 
 
+def recording_at(rate, channels):
+    """The test recording made at another sample rate (its tones and noise drawn there), in `channels`
+    channels: the second channel silent, as a phone's spare microphone may be."""
+    seconds = np.arange(int(SECONDS * rate)) / rate
+    x = 0.01 * np.random.default_rng(5).standard_normal(seconds.size)
+    for freq, (start, end) in [(500.0, KW0_BURSTS[0]), (500.0, KW0_BURSTS[1]), (1200.0, KW1_BURST)]:
+        inside = (seconds >= start) & (seconds < end)
+        x[inside] += 0.3 * np.sin(2 * np.pi * freq * seconds[inside])
+    return np.stack([x] + [np.zeros_like(x)] * (channels - 1), axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("rate,channels", [(44100, 2), (48000, 1), (8000, 1)])
+def test_cli_converts_a_recording_of_another_rate_or_channels(tone_export, capsys, tmp_path, rate, channels):
+    """A recording at 44.1, 48 or 8 kHz, or in stereo, is averaged to mono and resampled to 16 kHz: the
+    detector fires as on the 16 kHz recording (same keyword, same moment), and stderr says what it converted."""
+    root, _, wav = tone_export
+    model = root / "export" / "model.onnx"
+    other = tmp_path / "phone.wav"
+    # a stereo channel halves the level when averaged: the tones are played twice as loud to match
+    soundfile.write(str(other), recording_at(rate, channels) * channels, rate, subtype="PCM_16")
+    expected = parse(run_cli(capsys, model, wav, "--threshold", "nihao_wenwen=0.5"))
+    assert main([str(model), str(other), "--threshold", "nihao_wenwen=0.5"]) == 0
+    printed = capsys.readouterr()
+    converted = parse(printed.out.splitlines())
+    assert [kw for kw, _, _ in converted] == [kw for kw, _, _ in expected] == ["<HI_XIAOWEN>", "<NIHAO_WENWEN>"]
+    assert all(abs(a[1] - b[1]) <= 0.05 for a, b in zip(converted, expected))
+    note = f"{rate} Hz resampled to 16000 Hz" + (f", {channels} channels averaged" if channels > 1 else "")
+    assert printed.err.startswith(f"note: {other}: ") and all(part in printed.err for part in note.split(", "))
+    # the 16 kHz mono recording is read as it is, without a note
+    assert main([str(model), str(wav)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_cli_errors(tone_export, capsys, monkeypatch):
     root, _, wav = tone_export
     model = root / "export" / "model.pt"
