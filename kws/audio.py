@@ -35,8 +35,8 @@ def wav_info(path, expected_rate=SAMPLE_RATE):
     return info.frames / info.samplerate
 
 
-def _read(path):
-    """(samples [n, channels] float32 in [-1, 1], sample rate) of a wav file; one-line errors naming it."""
+def read_wav(path, expected_rate=SAMPLE_RATE):
+    """Read a 16 kHz mono wav as float32 samples in [-1, 1]."""
     _check_wav_header(path)
     try:
         samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
@@ -44,39 +44,13 @@ def _read(path):
         raise KwsError(f"{path}: audio file not found") from None
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
         _raise_unreadable(path, err)
-    if samples.shape[0] == 0:
-        raise KwsError(f"{path}: audio file is empty (0 samples)")
-    return samples, rate
-
-
-def read_wav(path, expected_rate=SAMPLE_RATE):
-    """Read a 16 kHz mono wav as float32 samples in [-1, 1]."""
-    samples, rate = _read(path)
     if rate != expected_rate:
         raise KwsError(f"{path}: sample rate {rate} Hz, expected {expected_rate} Hz")
     if samples.shape[1] != 1:
         raise KwsError(f"{path}: {samples.shape[1]} channels, expected mono")
+    if samples.shape[0] == 0:
+        raise KwsError(f"{path}: audio file is empty (0 samples)")
     return np.ascontiguousarray(samples[:, 0])
-
-
-def read_recording(path, rate=SAMPLE_RATE):
-    """(float32 mono samples in [-1, 1] at `rate`, what was converted or None) of a wav of any sample rate
-    and channel count: channels averaged, the rate converted by band-limited resampling
-    (kws.synth.augment.resample). For recordings given to a deployed detector (a phone records at 44.1 or
-    48 kHz, often in stereo); corpora stay strict (wav_info), where a mixed format is usually a
-    preparation mistake."""
-    samples, source_rate = _read(path)
-    converted = []
-    mono = samples[:, 0]
-    if samples.shape[1] != 1:
-        mono = samples.mean(axis=1)
-        converted.append(f"{samples.shape[1]} channels averaged")
-    if source_rate != rate:
-        from kws.synth.augment import resample
-
-        mono = resample(mono, source_rate, rate)
-        converted.append(f"{source_rate} Hz resampled to {rate} Hz")
-    return np.ascontiguousarray(mono, dtype=np.float32), ", ".join(converted) or None
 
 
 def write_wav(path, samples, rate=SAMPLE_RATE):

@@ -173,10 +173,44 @@ def pcm_chunks(stream, chunk_samples):
         print("warning: stdin ended with an odd byte (half a sample); ignored", file=sys.stderr)
 
 
+def read_recording(path, rate=16000):
+    """(float32 mono samples in [-1, 1] at `rate`, what was converted or None) of a wav of any sample rate
+    and channel count: channels averaged, the rate converted by torchaudio's band-limited sinc resampling.
+    A phone records at 44.1 or 48 kHz, often in stereo; corpora stay strict (kws.audio), where a mixed
+    format is usually a preparation mistake. Here, not in kws.audio, so that the rules that read corpora
+    do not depend on it."""
+    import soundfile
+
+    from kws.audio import read_wav
+
+    try:
+        return read_wav(path, rate), None
+    except KwsError as strict:
+        try:  # read_wav found audio, but of another rate or channel count: convert it
+            info = soundfile.info(str(path))
+        except Exception:
+            raise strict from None
+        if info.samplerate == rate and info.channels == 1:
+            raise
+    samples, source_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    if samples.shape[0] == 0:
+        raise KwsError(f"{path}: audio file is empty (0 samples)")
+    converted, mono = [], samples[:, 0]
+    if samples.shape[1] != 1:
+        mono = samples.mean(axis=1)
+        converted.append(f"{samples.shape[1]} channels averaged")
+    if source_rate != rate:
+        import torch
+        import torchaudio.functional
+
+        mono = torchaudio.functional.resample(torch.from_numpy(np.ascontiguousarray(mono)), source_rate, rate)
+        mono = mono.numpy()
+        converted.append(f"{source_rate} Hz resampled to {rate} Hz")
+    return np.ascontiguousarray(mono, dtype=np.float32), ", ".join(converted)
+
+
 def wav_chunks(path, chunk_samples, rate=16000):
     """Chunks of a wav at `rate` Hz mono; another rate or channel count is converted, with a note on stderr."""
-    from kws.audio import read_recording
-
     samples, converted = read_recording(path, rate)
     if converted:
         print(f"note: {path}: {converted}", file=sys.stderr)
