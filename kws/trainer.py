@@ -64,6 +64,7 @@ from kws.features import fbank_conf_of
 from kws.fileio import ensure_dir
 from kws.loss import prefix_negative_loss
 from kws.mel_warp import parse_conf as parse_mel_warp
+from kws.model.batch_norm import real_frames, use_real_frames
 from kws.phones import PhoneCTCModel, keyword_phones, phone_ctc_loss, phone_targets, phone_vocabulary
 from kws.preflight import BACKENDS, DEFAULT_GRAD_CLIP, run_preflight
 from kws.resume import choose_checkpoint, load_resume_point, run_fingerprint
@@ -214,6 +215,9 @@ def resolve_config(args):
         weight = tc.get(key)
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0):
             raise KwsError(f"{args.config}: training_config.{key} must be a weight >= 0 or null, got {weight!r}")
+    real_only = tc.get("bn_real_frames", False)
+    if not isinstance(real_only, bool):
+        raise KwsError(f"{args.config}: training_config.bn_real_frames must be true or false, got {real_only!r}")
     decay = tc.get("ema_decay")
     if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1):
         raise KwsError(f"{args.config}: training_config.ema_decay must be a number in (0, 1) or null, got {decay!r}")
@@ -351,6 +355,7 @@ class TrainState:
     engine_adversary: float = 0.0  # training_config.engine_adversary: the weight of the engine loss
     engine_targets: dict = None  # key -> engine class id (kws.adversary), None when it is off
     ema: WeightAverage = None  # training_config.ema_decay: the average evaluated and saved, None when off
+    real_frame_norms: list = ()  # training_config.bn_real_frames: the BatchNorms that count real frames only
 
 
 def target_window(state, keys):
@@ -480,12 +485,13 @@ def batch_backward(state, batch, active_ranks):
     keys, feats, lengths, targets, warped = batch
     host_lengths = lengths.cpu()  # a batch's lengths are on the host (kws.dataset.Featurizer): no copy
     feats, lengths, targets = (to_device(t, state.device) for t in (feats, lengths, targets))
-    if state.autocast_dtype is None:
-        logits, second, *engine = state.model(feats)
-    else:
-        with torch.autocast(state.device.type, dtype=state.autocast_dtype):
+    with real_frames(state.real_frame_norms, lengths, feats.size(1)):
+        if state.autocast_dtype is None:
             logits, second, *engine = state.model(feats)
-        logits = logits.float()  # the loss's sigmoid and logs in fp32
+        else:
+            with torch.autocast(state.device.type, dtype=state.autocast_dtype):
+                logits, second, *engine = state.model(feats)
+            logits = logits.float()  # the loss's sigmoid and logs in fp32
     loss, acc = keyword_loss(state, logits, lengths, targets, keys, confusable_weights(state, keys))
     total, phone_loss = loss, torch.full((), float("nan"), device=state.device)
     if state.phone_targets is not None:  # `second` is the phoneme logits (kws.phones.PhoneCTCModel)
@@ -730,6 +736,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
     engines = engine_supervision(tc, train_items)
     if engines:
         trained = EngineAdversaryModel(trained, len(engines)).to(device)
+    real_frame_norms = use_real_frames(trained) if tc.get("bn_real_frames") else []
     optimizer = make_optimizer(trained, config.get("optim_conf"), args.config)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **SCHEDULER)
 
@@ -769,6 +776,7 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
         confusable_keys=frozenset(item["key"] for item in train_items if item.get("kind") in CONFUSABLE_KINDS),
         engine_adversary=float(tc.get("engine_adversary") or 0.0),
         engine_targets=engine_targets(train_items, engines) if engines else None,
+        real_frame_norms=real_frame_norms,
     )
     if tc.get("ema_decay") is not None:
         state.ema = WeightAverage(trained, tc["ema_decay"], tc.get("ema_warmup", DEFAULT_WARMUP))

@@ -559,6 +559,40 @@ def test_confusable_weight_weighs_near_misses_and_partials_in_training_only(setu
         trainer.main([*argv, "--override", "training_config.confusable_weight=-1"])
 
 
+def test_bn_real_frames_counts_each_batchs_real_frames_in_training(setup, monkeypatch, tmp_path):
+    """training_config.bn_real_frames: every training batch runs with the mask of its utterances' frames
+    (padded batches included) on all the model's BatchNorms, phoneme head or not; the model differs from one
+    trained without it, its checkpoint holds the same tensors by the same names, and a value other than
+    true or false is refused. Off unless set."""
+    from kws.model.batch_norm import RealFramesBatchNorm1d
+
+    _, corpus, config = setup
+    batches, real_masking = [], trainer.real_frames
+
+    def recording(norms, lengths, frames):
+        batches.append((list(norms), lengths.tolist(), frames))
+        return real_masking(norms, lengths, frames)
+
+    monkeypatch.setattr(trainer, "real_frames", recording)
+    assert run_inprocess(setup, tmp_path / "plain", "--max_epoch", "1") == 0
+    assert batches and all(norms == [] for norms, _, _ in batches)  # off unless set
+    batches.clear()
+    real = ("--override", "training_config.bn_real_frames=true")
+    assert run_inprocess(setup, tmp_path / "real", "--max_epoch", "1", *real) == 0
+    norms = batches[0][0]
+    assert len(norms) == 4 and all(isinstance(norm, RealFramesBatchNorm1d) for norm in norms)  # 2 DS blocks
+    assert all(found == norms for found, _, _ in batches)
+    assert all(max(lengths) <= frames for _, lengths, frames in batches)
+    assert any(frames > min(lengths) for _, lengths, frames in batches)  # padding to leave out
+    plain, masked = state(tmp_path / "plain" / "epoch_001.pt"), state(tmp_path / "real" / "epoch_001.pt")
+    assert plain["model"].keys() == masked["model"].keys()
+    assert not torch.equal(
+        plain["model"]["backbone.network.0.cnn.1.running_var"], masked["model"]["backbone.network.0.cnn.1.running_var"]
+    )
+    with pytest.raises(KwsError, match="training_config.bn_real_frames must be true or false, got 'sometimes'"):
+        run_inprocess(setup, tmp_path / "bad", "--override", "training_config.bn_real_frames=sometimes")
+
+
 def test_weight_average_follows_the_weights_with_a_warm_up():
     """kws.ema.WeightAverage: each update moves every parameter and floating buffer of the copy by
     (1 - d) towards the module's, d = min(decay, (1 + n) / (10 + n)) at the n-th update; integer buffers
