@@ -111,3 +111,18 @@ def test_bf16_autocast_keeps_the_input_dtype_and_fp32_statistics():
         y = norm(x.to(torch.bfloat16))
     assert y.dtype == torch.bfloat16 and norm.running_mean.dtype == torch.float32
     assert torch.isfinite(norm.running_var).all()
+
+
+def test_the_written_out_gradient_is_the_derivative():
+    """The backward of the masked normalisation, for any output gradient (padded frames' too), equals the
+    numerical derivative (float64 gradcheck) with respect to the input, the scale and the shift."""
+    from kws.model.batch_norm import _RealFramesNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 5, dtype=torch.float64, requires_grad=True)
+    mask = (torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]).double()
+    weight = torch.rand(2, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda *a: _RealFramesNorm.apply(a[0], mask, a[1], a[2], 1e-5)[0], (x, weight, bias)
+    )

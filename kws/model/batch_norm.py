@@ -19,6 +19,39 @@ import torch
 from torch import nn
 
 
+class _RealFramesNorm(torch.autograd.Function):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over x [B, C, T], mean and var over the frames where
+    mask [B, T] is 1, and their gradient written out: autograd through the masked sums took 2.4x the time
+    of BatchNorm's backward on a [16, 128, 320] batch. Every output depends on the statistics, so the
+    statistics' terms sum the output gradient over every frame, and reach the real frames' inputs alone."""
+
+    @staticmethod
+    def forward(ctx, x, mask, weight, bias, eps):
+        count = mask.sum()
+        real = x * mask[:, None, :]  # (torch.einsum over the mask took 8x as long on a CPU)
+        mean = real.sum((0, 2)) / count
+        var = ((real * x).sum((0, 2)) / count - mean.square()).clamp(min=0)
+        rstd = torch.rsqrt(var + eps)
+        normalised = torch.addcmul((-mean * rstd)[:, None], x, rstd[:, None])
+        ctx.save_for_backward(normalised, mask, weight, rstd, count)
+        ctx.mark_non_differentiable(mean, var, count)
+        return torch.addcmul(bias[:, None], normalised, weight[:, None]), mean, var, count
+
+    @staticmethod
+    def backward(ctx, grad, _mean, _var, _count):
+        normalised, mask, weight, rstd, count = ctx.saved_tensors
+        grad_weight = (grad * normalised).sum((0, 2))
+        grad_bias = grad.sum((0, 2))
+        # d x = rstd (g - mask / n (sum g + x^ sum g x^)), g = grad * weight
+        through_stats = torch.addcmul(
+            (weight * grad_bias / count)[:, None], normalised, (weight * grad_weight / count)[:, None]
+        )
+        through_stats.mul_(mask[:, None, :])
+        grad_x = grad * (weight * rstd)[:, None]
+        grad_x.sub_(through_stats.mul_(rstd[:, None]))
+        return grad_x, None, grad_weight, grad_bias, None
+
+
 class RealFramesBatchNorm1d(nn.BatchNorm1d):
     """nn.BatchNorm1d over [B, C, T] whose training statistics count only the frames of `frame_mask`
     ([B, T] bool, set by `real_frames` while a training batch runs; None: every frame, as BatchNorm)."""
@@ -31,12 +64,10 @@ class RealFramesBatchNorm1d(nn.BatchNorm1d):
             return super().forward(x)
         if mask.shape != (x.size(0), x.size(2)):
             raise ValueError(f"frame mask {tuple(mask.shape)} does not fit a [B, C, T] input {tuple(x.shape)}")
-        weights = mask[:, None, :].to(torch.float32)
-        count = weights.sum()
         values = x.float()  # statistics in fp32 under bf16 autocast, as BatchNorm keeps them
-        mean = (values * weights).sum((0, 2)) / count
-        centred = values - mean[:, None]
-        var = (centred.square() * weights).sum((0, 2)) / count
+        weight = self.weight if self.affine else values.new_ones(values.size(1))
+        bias = self.bias if self.affine else values.new_zeros(values.size(1))
+        y, mean, var, count = _RealFramesNorm.apply(values, mask.to(torch.float32), weight, bias, self.eps)
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
@@ -44,9 +75,6 @@ class RealFramesBatchNorm1d(nn.BatchNorm1d):
                 # BatchNorm's running variance is the unbiased one
                 self.running_mean.lerp_(mean, momentum)
                 self.running_var.lerp_(var * count / (count - 1).clamp(min=1), momentum)
-        y = centred * torch.rsqrt(var + self.eps)[:, None]
-        if self.affine:
-            y = y * self.weight[:, None] + self.bias[:, None]
         return y.to(x.dtype)
 
 
