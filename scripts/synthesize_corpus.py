@@ -58,6 +58,11 @@ def main(argv=None):
         choices=SPEAKER_TRANSFORMS,
         help="speaker augmentation transforms (default: none)",
     )
+    parser.add_argument(
+        "--neighbours",
+        action="store_true",
+        help="the built-in Mandarin phrases: train also on near-misses made from the phrases, as any phrase's are",
+    )
     args = parser.parse_args(argv)
     spec = CorpusSpec(
         language=args.language,
@@ -65,6 +70,7 @@ def main(argv=None):
         engines=args.engines,
         heldout_engine=args.heldout_engine,
         speaker_augment=args.speaker_augment,
+        neighbours=args.neighbours,
     )
     summary = synthesize_corpus(
         args.out_dir,

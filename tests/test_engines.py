@@ -85,6 +85,9 @@ def test_confusables_are_partial_reordered_and_neighbours_never_the_phrase():
     # Mandarin phrases keep the hand-written near-misses and add made ones
     mandarin = make_profile("cmn", ["hi_xiaowen"])
     assert "嗨小王" in mandarin.text_confusables and "小问嗨" in mandarin.text_confusables
+    # and a syllable swapped for another Hanzi's sound, never for the same sound in another tone
+    swapped = {c for c in mandarin.text_confusables if len(c) == 3 and sum(a != b for a, b in zip(c, "嗨小问")) == 1}
+    assert swapped - {"嗨小王", "嗨小吴", "嗨小雨", "嗨小龙"} and "嗨小文" not in swapped
 
 
 def test_phoneme_near_misses_never_change_only_a_reduced_vowel():

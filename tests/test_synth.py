@@ -92,6 +92,25 @@ def test_a_splits_audio_does_not_depend_on_the_other_splits_sizes():
         plan_corpus("tiny", SEED, train_utterances=0)
 
 
+def test_made_near_misses_train_and_leave_dev_and_test_as_they_were():
+    """corpus.neighbours: the default's training split also says near-misses made from the phrases, a
+    syllable swapped for another sound (never only its tone, which eSpeak says alike); dev and test keep
+    the hand-written ones, so runs with and without it are scored on the same audio."""
+    from kws.synth.phrases import HARD_PINYIN, HARD_TEXTS, _banned
+
+    hand_written = set(HARD_TEXTS) | set(HARD_PINYIN)
+    plain, _ = plan_corpus("small", SEED)
+    made, _ = plan_corpus("small", SEED, spec=CorpusSpec(neighbours=True))
+    assert {s: made[s] for s in made if s != "train"} == {s: plain[s] for s in plain if s != "train"}
+    said = {item["requests"][0]["text"] for item in made["train"] if item["kind"] == "hard"}
+    new = said - hand_written
+    assert new and not any(_banned(text) for text in new)
+    assert {"你好万问", "嗨小万"} & new  # the last syllable's neighbour
+    assert not {"嗨小文", "你好闻闻", "你好文问"} & new  # tone only: the keyword as eSpeak says it
+    plain_said = {item["requests"][0]["text"] for item in plain["train"] if item["kind"] == "hard"}
+    assert plain_said <= hand_written
+
+
 def test_layout_labels_and_audio_format(corpora):
     root, runs = corpora
     out = root / "a"

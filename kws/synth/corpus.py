@@ -78,7 +78,15 @@ BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
 class CorpusSpec(dict):
     """What a synthetic corpus says and who says it (the config's corpus section, checked)."""
 
-    def __init__(self, language="cmn", keywords=(), engines=("espeak",), heldout_engine=None, speaker_augment=()):
+    def __init__(
+        self,
+        language="cmn",
+        keywords=(),
+        engines=("espeak",),
+        heldout_engine=None,
+        speaker_augment=(),
+        neighbours=False,
+    ):
         from kws.synth.augment import SPEAKER_TRANSFORMS
         from kws.synth.engines import ENGINES, check_engine, speaks
 
@@ -104,6 +112,7 @@ class CorpusSpec(dict):
             engines=engines,
             heldout_engine=heldout_engine,
             speaker_augment=list(speaker_augment),
+            neighbours=bool(neighbours),
         )
         assert set(engines) <= set(ENGINES)
 
@@ -255,6 +264,8 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
     plan = {}
     for split_index, split in enumerate(spec.splits):
         rng = random.Random(f"plan-{seed}-{split}")
+        # made near-misses train; dev and test keep theirs, so runs with and without them compare
+        says = profile.with_neighbours() if spec["neighbours"] and split == "train" else profile
         # the held-out engine gets no eSpeak phoneme input; every other split can say everything
         text_only = split == HELDOUT_SPLIT
         shares = _split_kinds(profile, profile.kind_share, voices[split])
@@ -262,7 +273,7 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         rng.shuffle(kinds)
         items = []
         for index, kind in enumerate(kinds):
-            request, language = _request(rng, profile, kind, voices[split], text_only)
+            request, language = _request(rng, says, kind, voices[split], text_only)
             item = {
                 "key": f"syn_{split}_{index:06d}_{kind}",
                 "split": split,
@@ -292,7 +303,7 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
                         "seed": [seed, split_index, index],
                         "length": length,
                         "requests": [
-                            _request(rng, profile, rng.choices(stream_kinds, weights)[0], voices[split], text_only)[0]
+                            _request(rng, says, rng.choices(stream_kinds, weights)[0], voices[split], text_only)[0]
                             for _ in range(n_segments)
                         ],
                     }

@@ -373,6 +373,18 @@ class MandarinDefault:
         "stream": "stream",
     }
 
+    # confusables beside the hand-written ones (with_neighbours): drawn as often as each of them
+    neighbours = ()
+
+    def with_neighbours(self):
+        """This profile, its near-misses also made as for any phrase (PhraseProfile: each syllable swapped
+        for the nearest-sounding Hanzi of a different sound, not only tone; partial and reordered
+        phrases): corpus.neighbours, for the training split."""
+        made = make_profile("cmn", ["嗨小问", "你好问问"]).text_confusables
+        profile = MandarinDefault()
+        profile.neighbours = tuple(t for t in made if t not in HARD_TEXTS and not _banned(t))
+        return profile
+
     def banned(self, text):
         return _banned(text)
 
@@ -389,7 +401,7 @@ class MandarinDefault:
         if kind == "hard":
             if rng.random() < 0.25:
                 return "cmn-latn-pinyin", rng.choice(HARD_PINYIN)
-            return "cmn", rng.choice(HARD_TEXTS)
+            return "cmn", rng.choice(HARD_TEXTS + self.neighbours)
         if kind == "zh":
             return "cmn", _zh_sentence(rng)
         if kind == "yue":
@@ -572,6 +584,12 @@ def spell_out(text):
     """`text` with each spelled word written as its capital letters ("hey kws" -> "hey K W S"), for an
     engine that would otherwise read it as a word (SVOX Pico says "kws" as one syllable)."""
     return re.sub(r"[A-Za-z]+", lambda m: " ".join(m[0].upper()) if is_spelled(m[0]) else m[0], text)
+
+
+def _is_letter(word):
+    """A single Latin letter: a spelled word's letters swap only with letters, a word only with words (a
+    CJK lexicon's entries are single characters, and words)."""
+    return len(word) == 1 and bool(_LATIN.match(word))
 
 
 def phrase_units(phrase, language):
@@ -765,6 +783,11 @@ class PhraseProfile:
         self.keyword_texts = self.texts
 
     commands = ()
+
+    def with_neighbours(self):
+        """Its confusables are made for every split already."""
+        return self
+
     public_kinds = {"lang": "speech", "syl": "syllables", "other": "other_language", "stream": "stream"}
 
     @staticmethod
@@ -806,7 +829,7 @@ class PhraseProfile:
                 scored = sorted(
                     (_distance(target, sum(p, [])), word)
                     for word, p in lex_ph.items()
-                    if word != part and (len(word) == 1) == (len(part) == 1 and spelled)
+                    if word != part and _is_letter(word) == (len(part) == 1 and spelled)
                 )
                 for dist, word in scored[:6]:
                     if 1 <= dist <= limit:

@@ -378,6 +378,7 @@ def synth_args():
         + f" --engines {' '.join(c['engines'])}"
         + (f" --heldout-engine {heldout}" if heldout else "")
         + f" --speaker-augment {' '.join(c['speaker_augment'])}"
+        + (" --neighbours" if c["neighbours"] else "")
     )
 
 
@@ -403,6 +404,7 @@ if CORPUS["name"] == "synthetic":
             CORPUS["engines"],
             CORPUS["heldout_engine"],
             CORPUS["speaker_augment"],
+            CORPUS["neighbours"],
         )
         corpus_keywords(CORPUS)
     except KwsError as err:
