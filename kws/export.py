@@ -10,7 +10,7 @@ in the ONNX model's `metadata_props` (key `kwsflow_meta` holds all of it as JSON
 field) and in the TorchScript archive as the extra file `meta.json`.
 
 At export time both files are loaded back (onnxruntime, torch.jit.load) and run on test utterances,
-whole and chunk by chunk carrying the cache; any posterior further than `tolerance` (1e-5) from the
+whole and chunk by chunk carrying the cache; any posterior further than `tolerance` (EXPORT_TOLERANCE) from the
 PyTorch model's whole-utterance posteriors is a KwsError and nothing is written.
 
 `kws.runners.load_exported(path)` opens either file (by suffix) as a runner with `meta`, `init_cache()` and
@@ -32,6 +32,11 @@ from kws.phone_check import PhoneOutputs, inference_network
 from kws.runners import META_FILE, OnnxRunner, TorchScriptRunner
 from kws.runners import quiet_warnings as _quiet
 from kws.tables import DEFAULT_FA_TARGET, recommended_thresholds  # noqa: F401 (export's API)
+
+# Posteriors exported and eager may differ by rounding alone: the backends and chunk sizes sum the
+# convolutions in other orders, and the default model's differences reach 1e-5 (up to 1.03e-5 over its
+# seeds, 2026-12-07). A streaming or export bug moves a posterior by 1e-3 or more.
+EXPORT_TOLERANCE = 1e-4
 
 FORMAT = "kwsflow-streaming-kws"
 FORMAT_VERSION = 1
@@ -186,7 +191,7 @@ def _max_abs(a, b):
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
-def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolerance=1e-5):
+def verify_exports(reference, runners, utterances, chunks=DEFAULT_CHUNKS, tolerance=EXPORT_TOLERANCE):
     """Compare each runner with `reference` on `utterances` ([(key, feats [T, D])]).
 
     Posteriors whole and chunked (every chunk size in `chunks`) must be within `tolerance` of the
@@ -231,7 +236,7 @@ def export_artifacts(
     out_dir,
     utterances,
     chunks=DEFAULT_CHUNKS,
-    tolerance=1e-5,
+    tolerance=EXPORT_TOLERANCE,
     opset=OPSET,
     extra_report=None,
     threads=1,
@@ -329,7 +334,7 @@ def export_model(
     num_utts=8,
     fa_target=DEFAULT_FA_TARGET,
     negatives="ordinary",
-    tolerance=1e-5,
+    tolerance=EXPORT_TOLERANCE,
     opset=OPSET,
     score=None,
     refractory=1.0,

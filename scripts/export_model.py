@@ -11,7 +11,7 @@ import argparse
 
 from kws.detect import DEFAULT_CHUNK_MS, DEFAULT_REFRACTORY
 from kws.errors import cli
-from kws.export import DEFAULT_FA_TARGET, OPSET, export_model
+from kws.export import DEFAULT_FA_TARGET, EXPORT_TOLERANCE, OPSET, export_model
 from kws.phone_check import add_phone_check_argument, phone_check_setting
 
 
@@ -35,7 +35,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--test-data", required=True, help="data.list whose utterances check the exports")
     parser.add_argument("--num-utts", type=int, default=8, help="utterances to check (default 8)")
-    parser.add_argument("--tolerance", type=float, default=1e-5, help="max abs posterior difference (default 1e-5)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=EXPORT_TOLERANCE,
+        help=f"max abs posterior difference (default {EXPORT_TOLERANCE:g})",
+    )
     parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset (default {OPSET})")
     parser.add_argument(
         "--score",
