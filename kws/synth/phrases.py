@@ -783,12 +783,11 @@ class PhraseProfile:
         self.keyword_texts = self.texts
 
     commands = ()
+    public_kinds = {"lang": "speech", "syl": "syllables", "other": "other_language", "stream": "stream"}
 
     def with_neighbours(self):
         """Its confusables are made for every split already."""
         return self
-
-    public_kinds = {"lang": "speech", "syl": "syllables", "other": "other_language", "stream": "stream"}
 
     @staticmethod
     def _variants(phrase):
