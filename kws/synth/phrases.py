@@ -380,9 +380,9 @@ class MandarinDefault:
         """This profile, its near-misses also made as for any phrase (PhraseProfile: each syllable swapped
         for the nearest-sounding Hanzi of a different sound, not only tone; partial and reordered
         phrases): corpus.neighbours, for the training split."""
-        made = make_profile("cmn", ["嗨小问", "你好问问"]).text_confusables
+        made = PhraseProfile("cmn", [phrase for _, phrase, _, _ in BUILTIN["cmn"].values()]).text_confusables
         profile = MandarinDefault()
-        profile.neighbours = tuple(t for t in made if t not in HARD_TEXTS and not _banned(t))
+        profile.neighbours = tuple(t for t in made if t not in HARD_TEXTS)  # none holds a keyword (banned)
         return profile
 
     def banned(self, text):
