@@ -63,6 +63,12 @@ def main(argv=None):
         action="store_true",
         help="the built-in Mandarin phrases: train also on near-misses made from the phrases, as any phrase's are",
     )
+    parser.add_argument(
+        "--near-miss-share",
+        type=float,
+        default=None,
+        help="the training split's share of near-misses and partial phrases (default: the phrases' own)",
+    )
     args = parser.parse_args(argv)
     spec = CorpusSpec(
         language=args.language,
@@ -71,6 +77,7 @@ def main(argv=None):
         heldout_engine=args.heldout_engine,
         speaker_augment=args.speaker_augment,
         neighbours=args.neighbours,
+        near_miss_share=args.near_miss_share,
     )
     summary = synthesize_corpus(
         args.out_dir,

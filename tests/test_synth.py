@@ -111,6 +111,24 @@ def test_made_near_misses_train_and_leave_dev_and_test_as_they_were():
     assert plain_said <= hand_written
 
 
+def test_a_larger_near_miss_share_says_them_more_in_train_only():
+    """corpus.near_miss_share: the training split says near-misses more often, the keywords as often as
+    before, the other negatives less; dev and test are the plan without it, byte for byte."""
+    from collections import Counter
+
+    plain, _ = plan_corpus("small", SEED)
+    more, _ = plan_corpus("small", SEED, spec=CorpusSpec(near_miss_share=0.4))
+    assert {s: more[s] for s in more if s != "train"} == {s: plain[s] for s in plain if s != "train"}
+    before, after = (Counter(item["kind"] for item in p["train"]) for p in (plain, more))
+    n = len(plain["train"])
+    assert len(more["train"]) == n and after["hard"] == round(0.4 * n) > before["hard"]
+    assert (after["hi"], after["nihao"]) == (before["hi"], before["nihao"])
+    assert all(after[k] < before[k] for k in ("zh", "syl", "en", "yue"))
+    for bad in (0, 1, 0.8):  # 0.8 beside the keywords' 0.3 leaves nothing for the rest
+        with pytest.raises(KwsError, match="corpus.near_miss_share"):
+            plan_corpus("small", SEED, spec=CorpusSpec(near_miss_share=bad))
+
+
 def test_layout_labels_and_audio_format(corpora):
     root, runs = corpora
     out = root / "a"

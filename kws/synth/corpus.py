@@ -86,6 +86,7 @@ class CorpusSpec(dict):
         heldout_engine=None,
         speaker_augment=(),
         neighbours=False,
+        near_miss_share=None,
     ):
         from kws.synth.augment import SPEAKER_TRANSFORMS
         from kws.synth.engines import ENGINES, check_engine, speaks
@@ -106,6 +107,8 @@ class CorpusSpec(dict):
                 raise KwsError(
                     f"corpus.speaker_augment: unknown transform {name!r} (choose from {', '.join(SPEAKER_TRANSFORMS)})"
                 )
+        if near_miss_share is not None and not 0 < near_miss_share < 1:
+            raise KwsError(f"corpus.near_miss_share: {near_miss_share} must lie between 0 and 1 (or be null)")
         super().__init__(
             language=language,
             keywords=list(keywords),
@@ -113,6 +116,7 @@ class CorpusSpec(dict):
             heldout_engine=heldout_engine,
             speaker_augment=list(speaker_augment),
             neighbours=bool(neighbours),
+            near_miss_share=near_miss_share,
         )
         assert set(engines) <= set(ENGINES)
 
@@ -185,6 +189,20 @@ def split_voices(seed, engines=("espeak",), heldout_engine=None, language=None):
             )
         out[HELDOUT_SPLIT][heldout_engine] = unseen
     return out
+
+
+def _with_near_miss_share(shares, positives, share):
+    """`shares` with the near-misses and partial phrases (`hard`) at `share` of the whole; the positives
+    keep theirs and the other negatives are scaled to fill the rest (corpus.near_miss_share)."""
+    total = sum(shares.values())
+    kept = sum(v for k, v in shares.items() if k in positives) / total
+    others = {k: v for k, v in shares.items() if k not in positives and k != "hard"}
+    if "hard" not in shares or not others or kept + share >= 1:
+        raise KwsError(
+            f"corpus.near_miss_share: {share} leaves no room for other negatives beside the keywords' {kept:.2f}"
+        )
+    scale = (1 - kept - share) * total / sum(others.values())
+    return {k: share * total if k == "hard" else v * scale if k in others else v for k, v in shares.items()}
 
 
 def _split_kinds(profile, shares, split_voices_):
@@ -269,6 +287,8 @@ def plan_corpus(size, seed, augment=True, train_utterances=None, spec=None):
         # the held-out engine gets no eSpeak phoneme input; every other split can say everything
         text_only = split == HELDOUT_SPLIT
         shares = _split_kinds(profile, profile.kind_share, voices[split])
+        if split == "train" and spec["near_miss_share"] is not None:  # dev and test keep theirs, to compare
+            shares = _with_near_miss_share(shares, profile.positive, spec["near_miss_share"])
         kinds = [kind for kind, n in _counts(sizes[split], shares, profile.positive).items() for _ in range(n)]
         rng.shuffle(kinds)
         items = []

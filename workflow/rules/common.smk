@@ -379,6 +379,11 @@ def synth_args():
         + (f" --heldout-engine {heldout}" if heldout else "")
         + f" --speaker-augment {' '.join(c['speaker_augment'])}"
         + (" --neighbours" if c["neighbours"] else "")
+        + (
+            f" --near-miss-share {c['near_miss_share']}"
+            if c["near_miss_share"] is not None
+            else ""
+        )
     )
 
 
@@ -405,6 +410,7 @@ if CORPUS["name"] == "synthetic":
             CORPUS["heldout_engine"],
             CORPUS["speaker_augment"],
             CORPUS["neighbours"],
+            CORPUS["near_miss_share"],
         )
         corpus_keywords(CORPUS)
     except KwsError as err:
