@@ -11,10 +11,17 @@ per line or `key path`) or generated (coloured noise, power falling as 1 / f^c w
 `colour`: 0 white, 1 pink, 2 brown); a gain in dB. Samples past an utterance's length stay zero; the
 result is clipped to the int16 range, as a recording would be.
 
+Babble (off unless set) mixes other talkers into an utterance: 1 to 4 of the batch's own negatives, each
+from a random point of itself (wrapping around its end) at a random weight in [0.5, 1], their sum at a
+random SNR over the utterance's speech. It comes after the room and before the noise; a keyword is never a
+babble talker, so no negative hears one. The batch is a fresh draw of talkers every step, where a corpus
+rendered once has the same few mixed into each utterance for good.
+
     batch_augment:
       gain_db: [-6, 6]
       noise: {p: 0.5, snr_db: [5, 30], colour: [0, 2], bank: null}
       reverb: {p: 0.3, rt60_s: [0.2, 0.8], drr_db: [0, 0]}
+      babble: {p: 0.3, snr_db: [0, 20], talkers: [1, 4]}   # absent or null: off
 
 Every draw comes from generators seeded by (seed, epoch, rank, batch) like dither and SpecAugment, so CPU
 runs stay bit-identical and a resumed epoch repeats itself. Speed and tempo changes are not here: they
@@ -36,7 +43,10 @@ DEFAULTS = {
     "gain_db": [-6.0, 6.0],
     "noise": {"p": 0.5, "snr_db": [5.0, 30.0], "colour": [0.0, 2.0], "bank": None},
     "reverb": {"p": 0.3, "rt60_s": [0.2, 0.8], "drr_db": [0.0, 0.0]},
+    "babble": {"p": 0.3, "snr_db": [0.0, 20.0], "talkers": [1, 4]},
 }
+OFF_UNLESS_SET = ("babble",)  # added after the others: configs written before it mean it off
+MAX_TALKERS = 8
 MAX_RIR_S = 1.0  # impulse responses are cut here: past it the tail of an RT60 <= 1 s is below -60 dB
 WHERE = "dataset_conf.batch_augment"
 
@@ -59,7 +69,7 @@ def _probability(value, where):
 
 
 def _section(conf, name):
-    given = conf.get(name, DEFAULTS[name])
+    given = conf.get(name, None if name in OFF_UNLESS_SET else DEFAULTS[name])
     if given is None or given is False:
         return None
     if not isinstance(given, dict):
@@ -93,7 +103,15 @@ def parse_conf(conf):
         reverb["p"] = _probability(reverb["p"], f"{WHERE}.reverb.p")
         reverb["rt60_s"] = _range(reverb["rt60_s"], f"{WHERE}.reverb.rt60_s", 0.05, MAX_RIR_S)
         reverb["drr_db"] = _range(reverb["drr_db"], f"{WHERE}.reverb.drr_db", -30, 30)
-    settings.update(noise=noise, reverb=reverb)
+    babble = _section(conf, "babble")
+    if babble is not None:
+        babble["p"] = _probability(babble["p"], f"{WHERE}.babble.p")
+        babble["snr_db"] = _range(babble["snr_db"], f"{WHERE}.babble.snr_db", -20, 100)
+        talkers = babble["talkers"]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in talkers or [None]):
+            raise KwsError(f"{WHERE}.babble.talkers: expected [low, high] whole numbers, got {talkers!r}")
+        babble["talkers"] = [int(n) for n in _range(talkers, f"{WHERE}.babble.talkers", 1, MAX_TALKERS)]
+    settings.update(noise=noise, reverb=reverb, babble=babble)
     return settings
 
 
@@ -176,12 +194,14 @@ class BatchAugment:
         noise = settings.get("noise") or {}
         self.bank = read_noise_bank(noise["bank"]).to(self.device) if noise.get("bank") else None
 
-    def __call__(self, samples, lengths, rng):
-        """`samples` zero past each row's length, as KwsDataset.batch and kws.dataset.gather_padded make them."""
+    def __call__(self, samples, lengths, rng, talkers=None):
+        """`samples` zero past each row's length, as KwsDataset.batch and kws.dataset.gather_padded make them;
+        `talkers`: a boolean per row, whether it may be mixed into the others as babble (its negatives)."""
         batch, width = samples.shape
         if batch == 0 or width == 0:
             return samples.to(torch.float32, copy=True)
         reverb, noise, gain = self.settings["reverb"], self.settings["noise"], self.settings["gain_db"]
+        babble = self.settings.get("babble")
         # Every draw is made whether or not it is used, so one setting's change does not shift the others.
         seeds = {name: int(rng.integers(2**62)) for name in ("reverb", "noise")}
         draws = {
@@ -195,12 +215,22 @@ class BatchAugment:
             # drawn last: the draws above stay those of the code before reverb.drr_db
             "drr": rng.uniform(*(reverb or DEFAULTS["reverb"])["drr_db"], batch),
         }
+        if babble is not None:  # drawn after all the others, which stay what they were without it
+            draws["babble"] = {
+                "p": rng.random(batch),
+                "snr": rng.uniform(*babble["snr_db"], batch),
+                "count": rng.integers(babble["talkers"][0], babble["talkers"][1] + 1, batch),
+                "who": rng.random((batch, babble["talkers"][1])),
+                "start": rng.random((batch, babble["talkers"][1])),
+                "weight": rng.uniform(0.5, 1.0, (batch, babble["talkers"][1])),
+            }
         gains = to_device(10.0 ** (draws["gain"] / 20.0), samples.device, torch.float32).unsqueeze(1)
-        if reverb is None and noise is None:
+        if reverb is None and noise is None and babble is None:
             # a gain alone keeps the zero padding zero: no mask to build and apply (the default model's
             # case; on a CPU a third of the time the full path takes, the same numbers)
             return (samples.to(torch.float32) * gains).clamp(-32768.0, 32767.0)
         x = samples.to(torch.float32, copy=True)  # rows are replaced in place below
+        host_lengths = lengths.cpu().numpy() if torch.is_tensor(lengths) else np.asarray(lengths)
         lengths = to_device(lengths, x.device)
         mask = (torch.arange(width, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)
         generators = {}
@@ -213,6 +243,9 @@ class BatchAugment:
                 at = to_device(rows, x.device)  # a numpy index would be copied to a GPU with a host sync
                 rooms = draws["rt60"][rows], draws["drr"][rows]
                 x[at] = self._reverberate(x[at], mask[at], lengths[at], *rooms, generators["reverb"])
+        if babble is not None and talkers is not None:
+            talkers = np.asarray(talkers, bool)
+            x = self._add_babble(x, samples, mask, lengths, host_lengths, draws["babble"], babble["p"], talkers)
         if noise is not None:
             rows = np.flatnonzero(draws["noise"] < noise["p"])
             if len(rows):
@@ -226,6 +259,33 @@ class BatchAugment:
         wet = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(rir, n=n), n=n)[:, : x.shape[1]] * mask
         scale = (_power(x, mask, lengths) / _power(wet, mask, lengths).clamp_min(1e-12)).sqrt()
         return wet * scale.unsqueeze(1)
+
+    def _add_babble(self, x, samples, mask, lengths, host_lengths, draws, p, talkers):
+        """Rows drawn (p) get their drawn number of the batch's talkers other than themselves, each from a
+        drawn point of its own speech on, weighted, summed and scaled to the drawn SNR over the row's speech."""
+        pool = np.flatnonzero(talkers & (host_lengths > 0))
+        rows = [row for row in np.flatnonzero(draws["p"] < p) if np.any(pool != row)]
+        if not rows:
+            return x
+        sources = np.zeros((len(rows), draws["who"].shape[1]), np.int64)
+        weights = np.zeros(sources.shape, np.float64)  # a talker past the row's count weighs 0
+        for i, row in enumerate(rows):
+            others, count = pool[pool != row], int(draws["count"][row])
+            sources[i, :count] = others[(draws["who"][row, :count] * len(others)).astype(np.int64)]
+            weights[i, :count] = draws["weight"][row, :count]
+        starts = (draws["start"][rows] * host_lengths[sources]).astype(np.int64)
+        at, sources, starts = (to_device(a, x.device) for a in (np.array(rows), sources, starts))
+        weights = to_device(weights, x.device, x.dtype)
+        positions, source_lengths = torch.arange(x.shape[1], device=x.device), lengths[sources].clamp_min(1)
+        mix = torch.zeros(len(rows), x.shape[1], dtype=x.dtype, device=x.device)
+        for talker in range(sources.shape[1]):  # one talker at a time: [rows, width] in memory, not x talkers
+            index = (starts[:, talker : talker + 1] + positions) % source_lengths[:, talker : talker + 1]
+            mix += samples[sources[:, talker : talker + 1], index].to(x.dtype) * weights[:, talker : talker + 1]
+        snr = to_device(np.asarray(draws["snr"])[rows], x.device, x.dtype)
+        speech, mix_power = _power(x[at], mask[at], lengths[at]), _power(mix, mask[at], lengths[at]).clamp_min(1e-12)
+        scale = (speech / (mix_power * 10.0 ** (snr / 10.0))).sqrt()
+        x[at] = x[at] + mix * scale.unsqueeze(1) * mask[at]
+        return x
 
     def _add_noise(self, x, mask, lengths, draws, rows, generator):
         count, width = x.shape

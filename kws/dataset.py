@@ -422,7 +422,9 @@ class Featurizer:
         entropy = (self.seed, epoch, self.rank, index)
         samples = to_device(samples, self.device)  # int16; fbank reads them on that scale
         if self.augment is not None:
-            samples = self.augment(samples, lengths, _rng(*entropy, _STREAM_AUGMENT))
+            # negatives are the babble talkers: a keyword mixed into another utterance would be a keyword there
+            talkers = (targets == FILLER).numpy()
+            samples = self.augment(samples, lengths, _rng(*entropy, _STREAM_AUGMENT), talkers)
         generator = None
         if self.dither > 0:
             generator = torch.Generator(device=self.device)

@@ -120,9 +120,79 @@ def test_noise_bank_noise_is_drawn_from_the_listed_wavs(tmp_path):
     assert int(spectrum.argmax()) == pytest.approx(500, abs=2)  # 1 kHz of the 16 kHz / 8000-point FFT
 
 
+def tone(frequency, n, amplitude=3000.0):
+    return amplitude * torch.sin(2 * torch.pi * frequency * torch.arange(n) / 16000)
+
+
+def band_power(x, frequency, n):
+    """Power of x's FFT bin nearest `frequency` (an n-point FFT of 16 kHz samples)."""
+    return float(torch.fft.rfft(x, n=n).abs()[round(frequency * n / 16000)] ** 2)
+
+
+BABBLE_ONLY = {"gain_db": None, "reverb": None, "noise": None}
+
+
+def test_babble_mixes_in_the_batchs_negatives_at_the_drawn_snr_and_never_a_keyword():
+    """Row 0 is a keyword (a 1 kHz tone), rows 1-3 negatives (300, 500, 700 Hz; whole periods in every
+    length, so each tone stays in its FFT bin however it wraps around). With p 1 every row gets
+    babble at exactly 6 dB below its speech, the padding stays zero, and no row hears the keyword's tone."""
+    lengths = [16000, 12000, 8000, 16000]
+    x = torch.stack(
+        [torch.nn.functional.pad(tone(f, n), (0, 16000 - n)) for f, n in zip((1000, 300, 500, 700), lengths)]
+    )
+    talkers = np.array([False, True, True, True])
+    conf = {**BABBLE_ONLY, "babble": {"p": 1.0, "snr_db": [6, 6], "talkers": [2, 2]}}
+    y = BatchAugment(parse_conf(conf))(x, torch.tensor(lengths), np.random.default_rng(3), talkers)
+    for row, n in enumerate(lengths):
+        assert snr_db(x[row, :n], y[row, :n]) == pytest.approx(6.0, abs=0.01)
+        assert torch.all(y[row, n:] == 0)
+        added = y[row, :n] - x[row, :n]
+        heard = {f: band_power(added, f, n) for f in (1000, 300, 500, 700)}
+        assert heard[1000] < 1e-6 * max(heard.values())  # the keyword is nobody's babble
+        assert heard[(1000, 300, 500, 700)[row]] < 1e-6 * max(heard.values())  # nor a row its own
+    # off (absent) by default, and a run without it leaves the other draws as they were
+    assert parse_conf({})["babble"] is None
+    with_noise = {"gain_db": [-3, 3], "reverb": None, "noise": {"p": 1.0}}
+    plain = run(with_noise, x, torch.tensor(lengths), seed=5)
+    babble_p0 = BatchAugment(parse_conf({**with_noise, "babble": {"p": 0.0}}))(
+        x, torch.tensor(lengths), np.random.default_rng(5), talkers
+    )
+    assert torch.equal(plain, babble_p0)
+
+
+def test_babble_needs_another_negative_and_a_lone_negative_is_left_alone():
+    x, lengths = speech_batch([8000, 8000])
+    conf = {**BABBLE_ONLY, "babble": {"p": 1.0}}
+    y = BatchAugment(parse_conf(conf))(x, lengths, np.random.default_rng(0), np.array([True, False]))
+    assert torch.equal(y[0], x[0])  # its only possible talker is a keyword
+    assert not torch.equal(y[1], x[1])  # the keyword row hears the negative
+
+
+def test_featurizer_takes_babble_talkers_from_the_negatives_only():
+    """Whatever the keyword row says, the negatives' features stay the same; change a negative and the
+    other negative, whose only possible talker it is, hears it."""
+    x, lengths = speech_batch([8000, 7000, 6000], seed=2)
+    conf = {"fbank_conf": FBANK, "batch_augment": {**BABBLE_ONLY, "babble": {"p": 1.0, "talkers": [1, 1]}}}
+
+    def feats(samples):
+        batch = (["k", "a", "b"], samples.round().to(torch.int16), lengths, torch.tensor([0, -1, -1]))
+        return Featurizer(conf, seed=5)(batch, epoch=1, index=0)[1]
+
+    before = feats(x)
+    other_keyword, other_negative = x.clone(), x.clone()
+    other_keyword[0] = speech_batch([8000], seed=9)[0][0]
+    other_negative[1, :7000] = speech_batch([7000], seed=9)[0][0]
+    assert torch.equal(feats(other_keyword)[1:], before[1:])
+    changed = feats(other_negative)
+    assert not torch.equal(changed[2], before[2])
+
+
 @pytest.mark.parametrize(
     "conf, message",
     [
+        ({"babble": {"talkers": [0, 2]}}, "dataset_conf.batch_augment.babble.talkers: expected [low, high]"),
+        ({"babble": {"talkers": [1.5, 2]}}, "dataset_conf.batch_augment.babble.talkers: expected [low, high] whole"),
+        ({"babble": {"voices": 2}}, "dataset_conf.batch_augment.babble.voices: unknown key"),
         ({"noise": {"snr": [1, 2]}}, "dataset_conf.batch_augment.noise.snr: unknown key"),
         ({"speed": [0.9, 1.1]}, "dataset_conf.batch_augment.speed: unknown key"),
         ({"gain_db": [6, -6]}, "dataset_conf.batch_augment.gain_db: expected [low, high]"),
