@@ -5,7 +5,7 @@ import pytest
 import soundfile
 import torch
 
-from kws.batch_augment import BatchAugment, fast_fft_size, parse_conf, read_noise_bank
+from kws.batch_augment import BatchAugment, _talkers_mix, fast_fft_size, parse_conf, read_noise_bank
 from kws.dataset import Featurizer, cv_dataset_conf
 from kws.errors import KwsError
 
@@ -166,6 +166,21 @@ def test_babble_needs_another_negative_and_a_lone_negative_is_left_alone():
     y = BatchAugment(parse_conf(conf))(x, lengths, np.random.default_rng(0), np.array([True, False]))
     assert torch.equal(y[0], x[0])  # its only possible talker is a keyword
     assert not torch.equal(y[1], x[1])  # the keyword row hears the negative
+
+
+def test_babble_talkers_by_slices_on_a_cpu_equal_the_gathers_a_gpu_makes():
+    x, lengths = speech_batch([9000, 300, 5000, 7000], seed=6)
+    rng = np.random.default_rng(1)
+    sources = rng.integers(0, 4, (3, 4))
+    starts = (rng.random((3, 4)) * lengths.numpy()[sources]).astype(np.int64)
+    weights = rng.uniform(0.5, 1.0, (3, 4)) * (np.arange(4) < np.array([[4], [1], [2]]))
+    args = (x, sources, starts, weights, lengths, lengths.numpy(), 9000, torch.float32)
+    sliced, gathered = _talkers_mix(*args, by_slices=True), _talkers_mix(*args, by_slices=False)
+    assert torch.equal(sliced, gathered)
+    source, start = int(sources[1, 0]), int(starts[1, 0])  # row 1: one talker, from its start, wrapped
+    length = int(lengths[source])
+    expected = x[source, (start + torch.arange(9000)) % length] * float(weights[1, 0])
+    torch.testing.assert_close(sliced[1], expected)
 
 
 def test_featurizer_takes_babble_talkers_from_the_negatives_only():
