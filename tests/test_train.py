@@ -798,7 +798,10 @@ def test_batch_augment_trains_and_changes_the_model(setup, reference, tmp_path):
     root, corpus, _ = setup
     config = write_config(
         tmp_path / "augment.yaml",
-        {"dataset_conf.batch_conf.batch_size": 3, "dataset_conf.batch_augment": {"noise": {"p": 1.0}}},
+        {
+            "dataset_conf.batch_conf.batch_size": 3,
+            "dataset_conf.batch_augment": {"noise": {"p": 1.0}, "babble": {"p": 1.0}},
+        },
     )
     assert run_inprocess((root, corpus, config), tmp_path / "m", "--max_epoch", "1", "--num_workers", "1") == 0
     weights = state(tmp_path / "m" / "epoch_001.pt")["model"]["classifier.linear.weight"]
