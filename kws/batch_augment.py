@@ -182,7 +182,7 @@ def _coloured_noise(rows, samples, colour, generator, device):
 def _talkers_mix(samples, sources, starts, weights, lengths, host_lengths, width, dtype, by_slices=None):
     """[rows, width]: the sum over talkers t of weights[:, t] x row sources[:, t] of `samples` from sample
     starts[:, t] on, wrapping around that row's length (numpy arrays on the host, [rows, talkers]). On a
-    CPU a slice, roll and tile per talker (by_slices; 10x faster there), elsewhere one gather per talker
+    CPU a slice, roll and tile per talker (by_slices; 8x faster there), elsewhere one gather per talker
     column (few kernels); the same numbers either way."""
     mix = torch.zeros(len(sources), width, dtype=dtype, device=samples.device)
     if by_slices if by_slices is not None else samples.device.type == "cpu":
