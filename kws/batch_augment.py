@@ -108,9 +108,10 @@ def parse_conf(conf):
         babble["p"] = _probability(babble["p"], f"{WHERE}.babble.p")
         babble["snr_db"] = _range(babble["snr_db"], f"{WHERE}.babble.snr_db", -20, 100)
         talkers = babble["talkers"]
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in talkers or [None]):
+        _range(talkers, f"{WHERE}.babble.talkers", 1, MAX_TALKERS)  # a pair in order, else its own error
+        if not all(isinstance(n, int) for n in talkers):
             raise KwsError(f"{WHERE}.babble.talkers: expected [low, high] whole numbers, got {talkers!r}")
-        babble["talkers"] = [int(n) for n in _range(talkers, f"{WHERE}.babble.talkers", 1, MAX_TALKERS)]
+        babble["talkers"] = [int(n) for n in talkers]
     settings.update(noise=noise, reverb=reverb, babble=babble)
     return settings
 

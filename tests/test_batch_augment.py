@@ -208,6 +208,7 @@ def test_featurizer_takes_babble_talkers_from_the_negatives_only():
         ({"babble": {"talkers": [0, 2]}}, "dataset_conf.batch_augment.babble.talkers: expected [low, high]"),
         ({"babble": {"talkers": [1.5, 2]}}, "dataset_conf.batch_augment.babble.talkers: expected [low, high] whole"),
         ({"babble": {"voices": 2}}, "dataset_conf.batch_augment.babble.voices: unknown key"),
+        ({"babble": {"talkers": 3}}, "dataset_conf.batch_augment.babble.talkers: expected [low, high]"),
         ({"noise": {"snr": [1, 2]}}, "dataset_conf.batch_augment.noise.snr: unknown key"),
         ({"speed": [0.9, 1.1]}, "dataset_conf.batch_augment.speed: unknown key"),
         ({"gain_db": [6, -6]}, "dataset_conf.batch_augment.gain_db: expected [low, high]"),
