@@ -324,6 +324,30 @@ def test_speaker_transforms_change_what_they_should_only():
     assert aug.change_speaker(tone, RATE, np.random.default_rng(5), (), p=1.0).tobytes() == tone.tobytes()
 
 
+def test_a_slow_speaker_draws_the_utterance_out_and_leaves_every_other_draw_alone():
+    t = np.arange(RATE // 2) / RATE
+    tone = (np.sin(2 * np.pi * 200 * t) * 0.5).astype(np.float32)
+    always = 2.0  # slow hits with probability p / 2
+    slowed = [aug.change_speaker(tone, RATE, np.random.default_rng(s), ("slow",), p=always) for s in range(8)]
+    ratios = [len(y) / len(tone) for y in slowed]
+    assert all(1.19 < r < 1.51 for r in ratios) and max(ratios) - min(ratios) > 0.05
+    # in place of rate's tempo, not on top of it
+    both = [len(aug.change_speaker(tone, RATE, np.random.default_rng(s), ("rate", "slow"), p=always)) for s in range(8)]
+    assert [round(n / len(tone), 2) for n in both] == [round(r, 2) for r in ratios]
+    # drawn last, at half the probability: where it misses, the other transforms give what they gave without it
+    others = tuple(name for name in aug.SPEAKER_TRANSFORMS if name != "slow")
+    same = changed = 0
+    for seed in range(12):
+        without = aug.change_speaker(tone, RATE, np.random.default_rng(seed), others, p=0.6)
+        with_slow = aug.change_speaker(tone, RATE, np.random.default_rng(seed), others + ("slow",), p=0.6)
+        if without.tobytes() == with_slow.tobytes():
+            same += 1
+        else:
+            changed += 1
+            assert len(with_slow) > 1.15 * len(tone)
+    assert same and changed
+
+
 @pytest.fixture(scope="module")
 def english(tmp_path_factory):
     for engine in ("festival", "flite", "pico"):
