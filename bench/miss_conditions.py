@@ -4,8 +4,10 @@ The corpus's data.list records engine and voice, not the noise, SNR, room, speed
 rendered with. Those are seeded draws, so this replays them: for every positive of a split it re-plans
 the corpus from its synth_info.json and runs the renderer over stand-in audio of the wav's own length,
 with the augmentation functions wrapped to record their arguments (no synthesis, seconds for a split).
-Each run's threshold at the FA/h target comes from its metrics.json; a positive is missed when its
-highest frame score in score.txt is under it.
+Each run's threshold comes from its metrics.json: at the FA/h target with every negative counted (the
+default), with ordinary negatives only (`--negatives ordinary`, the confusables left out as in the
+metrics' second table), or the exported threshold a held-out split was scored at (`--negatives exported`).
+A positive is missed when its highest frame score in score.txt is under it.
 
     python bench/miss_conditions.py --corpus results/data/synthetic --split test \\
         --runs results/ds_tcn_small results/ds_tcn_small-seed1 results/ds_tcn_small-seed2
@@ -96,12 +98,31 @@ def max_scores(path):
     return scores
 
 
+def run_threshold(keyword, negatives, fa_per_hour, where):
+    """The keyword's threshold in one run's metrics.json (None: no threshold meets the target)."""
+    if negatives == "exported":
+        if "at_reference_threshold" not in keyword:
+            raise SystemExit(f"{where}: no exported threshold (only a held-out split is scored at one)")
+        return keyword["at_reference_threshold"]["threshold"]
+    table = keyword["ordinary"] if negatives == "ordinary" else keyword
+    points = [p for p in table["operating_points"] if p["fa_per_hour_target"] == fa_per_hour]
+    if not points:
+        raise SystemExit(f"{where}: no operating point at {fa_per_hour:g} FA/h")
+    return points[0]["threshold"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", required=True, help="the synthetic corpus's data folder (synth_info.json)")
     parser.add_argument("--split", default="test", help="test | test_engine (default: test)")
     parser.add_argument("--runs", nargs="+", required=True, help="experiment folders (results/<exp>)")
     parser.add_argument("--fa-per-hour", type=float, default=1.0, help="the operating point (default: 1)")
+    parser.add_argument(
+        "--negatives",
+        choices=("every", "ordinary", "exported"),
+        default="every",
+        help="whose threshold: every negative (default), ordinary negatives, or the exported one",
+    )
     parser.add_argument("--min-count", type=int, default=20, help="hide buckets with fewer positives")
     args = parser.parse_args(argv)
 
@@ -128,10 +149,7 @@ def main(argv=None):
         metrics = json.loads((folder / "metrics.json").read_text())
         scores = max_scores(folder / "score.txt")
         for name, keyword in metrics["keywords"].items():
-            points = [p for p in keyword["operating_points"] if p["fa_per_hour_target"] == args.fa_per_hour]
-            if not points:
-                raise SystemExit(f"{folder / 'metrics.json'}: no operating point at {args.fa_per_hour} FA/h")
-            threshold = points[0]["threshold"]
+            threshold = run_threshold(keyword, args.negatives, args.fa_per_hour, folder / "metrics.json")
             for key, (token, conditions) in positives.items():
                 if token != keyword["token"]:
                     continue
@@ -141,7 +159,9 @@ def main(argv=None):
                     counts = tables[name][factor, value]
                     counts[0] += missed
                     counts[1] += 1
-    print(f"FRR at each run's {args.fa_per_hour:g} FA/h threshold, {args.split}, {len(args.runs)} run(s)")
+    point = "exported threshold" if args.negatives == "exported" else f"{args.fa_per_hour:g} FA/h threshold"
+    counted = {"every": "", "ordinary": " (ordinary negatives)", "exported": ""}[args.negatives]
+    print(f"FRR at each run's {point}{counted}, {args.split}, {len(args.runs)} run(s)")
     for name, table in tables.items():
         print(f"\n{name}\n| factor | value | missed | FRR |\n|---|---|---|---|")
         for (factor, value), (missed, total) in sorted(table.items(), key=lambda kv: (kv[0][0] != "all", kv[0])):

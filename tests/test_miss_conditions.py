@@ -53,3 +53,21 @@ def test_replayed_conditions_are_those_of_the_real_render(monkeypatch):
 @pytest.mark.parametrize(("factor", "value", "label"), [("snr_db", 7.2, "05-10 dB"), ("rate", 130, "125-149")])
 def test_buckets_name_their_ranges(factor, value, label):
     assert miss_conditions.bucket(factor, value) == label
+
+
+def test_threshold_follows_the_negatives_asked_for():
+    def point(target, threshold):
+        return {"fa_per_hour_target": target, "threshold": threshold}
+
+    keyword = {
+        "operating_points": [point(0.5, 0.9), point(1.0, 0.8)],
+        "ordinary": {"operating_points": [point(1.0, 0.4)]},
+        "at_reference_threshold": {"threshold": 0.55},
+    }
+    assert miss_conditions.run_threshold(keyword, "every", 1.0, "m.json") == 0.8
+    assert miss_conditions.run_threshold(keyword, "ordinary", 1.0, "m.json") == 0.4
+    assert miss_conditions.run_threshold(keyword, "exported", 1.0, "m.json") == 0.55
+    with pytest.raises(SystemExit, match="m.json: no operating point at 2 FA/h"):
+        miss_conditions.run_threshold(keyword, "ordinary", 2.0, "m.json")
+    with pytest.raises(SystemExit, match="m.json: no exported threshold"):
+        miss_conditions.run_threshold({"operating_points": []}, "exported", 1.0, "m.json")
