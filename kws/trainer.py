@@ -847,13 +847,15 @@ def _train(args, config, model_dir, rank, world_size, device, backend, threads):
             "/".join(str(count) for count in train_set.batch_counts()),
             train_set.padding(),
         )
-        frames = receptive_field(model)
+        frames = receptive_field(model, normalisation=False)
         if frames is not None:
             shift_ms = float(train_set.fbank_conf.get("frame_shift", 10))
             log.info(
-                "receptive field: %d frames (%.2f s); a longer keyword is only ever seen in part",
+                "receptive field: %d frames (%.2f s), %d with the normalisation window; "
+                "a keyword longer than the first is only ever seen in part",
                 frames,
                 frames * shift_ms / 1000,
+                receptive_field(model),
             )
 
     for epoch in range(resume.start_epoch, max_epoch + 1):

@@ -321,6 +321,8 @@ def test_receptive_field_counts_every_causal_context():
     assert receptive_field(build_model(BACKBONES["gru"], INPUT_DIM, 2)) is None
     sliding = build_model(BACKBONES["ds_tcn_sliding_cmn"], INPUT_DIM, 2)
     assert receptive_field(sliding) == 12 + 3 * (1 + 2 + 4)  # the window, then the backbone's contexts
+    assert receptive_field(sliding, normalisation=False) == 1 + 3 * (1 + 2 + 4)  # what a keyword must fit
+    assert receptive_field(tcn, normalisation=False) == receptive_field(tcn)  # no window: the same
 
 
 def test_default_model_sees_each_test_keyword_whole():
@@ -336,7 +338,8 @@ def test_default_model_sees_each_test_keyword_whole():
     name, experiment = next(iter(config["experiments"].items()))
     conf = load_model_config(root / experiment["model"], experiment.get("overrides"))
     model = build_model(conf["model"], conf["dataset_conf"]["fbank_conf"]["num_mel_bins"], 2)
-    seconds = receptive_field(model) * conf["dataset_conf"]["fbank_conf"]["frame_shift"] / 1000
+    # The backbone's frames: the sliding CMN window (300 frames) would pass any keyword.
+    seconds = receptive_field(model, normalisation=False) * conf["dataset_conf"]["fbank_conf"]["frame_shift"] / 1000
     durations = keyword_seconds(config["corpus"]["size"], config["corpus"]["seed"], "test")
     assert len(durations) == 600  # 300 positives a keyword
     assert max(durations) <= seconds, (name, max(durations), seconds)

@@ -96,14 +96,19 @@ class StreamingWrapper(nn.Module):
         return torch.sigmoid(logits), new_cache
 
 
-def receptive_field(model):
+def receptive_field(model, normalisation=True):
     """Frames of input one output frame depends on (itself included); None when unbounded (GRU).
 
-    A keyword longer than this is never seen whole: the model must decide from its tail alone, which
-    cannot tell "你好问问" from the hard negative "好问问". Compare it with the keywords' durations.
+    With `normalisation=False`, the backbone's frames alone: what the model can match a keyword over.
+    A sliding CMN window (`model.preprocessing.sliding_cmn`) widens the first count by its length but only
+    subtracts a mean, so a keyword longer than the second count is never seen whole: the model must decide
+    from its tail alone, which cannot tell "你好问问" from the hard negative "好问问". Compare that one
+    with the keywords' durations.
     """
     frames = getattr(model.backbone, "cache_frames", None)
-    return None if frames is None else frames + getattr(model, "norm_context", 0) + 1
+    if frames is None:
+        return None
+    return frames + 1 + (getattr(model, "norm_context", 0) if normalisation else 0)
 
 
 def count_parameters(model, trainable_only=False):

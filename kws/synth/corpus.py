@@ -544,7 +544,7 @@ def keyword_seconds(size="default", seed=666, split="test", augment=True):
 
     The keyword alone: leading/trailing silence and a command said after it are left out, the speed
     perturbation is the item's own. A model whose receptive field is shorter than a keyword only ever
-    sees that keyword in part (compare with kws.model.receptive_field).
+    sees that keyword in part (compare with kws.model.receptive_field(model, normalisation=False)).
     """
     import numpy as np
 
