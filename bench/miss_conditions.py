@@ -160,7 +160,7 @@ def main(argv=None):
                     counts[0] += missed
                     counts[1] += 1
     point = "exported threshold" if args.negatives == "exported" else f"{args.fa_per_hour:g} FA/h threshold"
-    counted = {"every": "", "ordinary": " (ordinary negatives)", "exported": ""}[args.negatives]
+    counted = " (ordinary negatives)" if args.negatives == "ordinary" else ""
     print(f"FRR at each run's {point}{counted}, {args.split}, {len(args.runs)} run(s)")
     for name, table in tables.items():
         print(f"\n{name}\n| factor | value | missed | FRR |\n|---|---|---|---|")
