@@ -610,6 +610,8 @@ def synthesize_corpus(
         for split in splits:
             if not by_split[split]:
                 raise KwsError(f"{out_text}: no utterance of the {split} split could be synthesised")
+        # the wavs on disk before the lists that name them (write_wav does not sync each file)
+        os.sync()
         # commit: stale lists first, then the audio, then the lists (a reader sees all or nothing)
         remove_tables(out, SPLITS + (HELDOUT_SPLIT,))
         ensure_dir(out / "wav")
