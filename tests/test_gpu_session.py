@@ -108,7 +108,7 @@ def test_gpu_session_runs_on_cpu(tmp_path):
             padded[match["model"], bool(match["sorted"])] = int(shape[1])
     # one unsorted and one sorted row per model, in the precision the trainer resolved on this CPU; sorting
     # pads no more than shuffling
-    models = ("ds_tcn.yaml (287 K)", "ds_tcn_small.yaml (96 K)")
+    models = ("ds_tcn.yaml (287 K)", "ds_tcn_small.yaml (115 K)")
     assert sorted(padded) == sorted((model, how) for model in models for how in (False, True)), rows
     for model in models:
         assert padded[model, True] <= padded[model, False], padded

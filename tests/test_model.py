@@ -244,8 +244,8 @@ def test_small_configs_are_small():
     for name in ("ds_tcn_small", "tiny"):
         conf = load_model_config(CONFIG_DIR / f"{name}.yaml")
         sizes[name] = count_parameters(build_model(conf["model"], 40, 2, None))
-    # the default stays a third of WeKws's 287 K ds_tcn.yaml, so it trains on a laptop
-    assert sizes["tiny"] < 5_000 < sizes["ds_tcn_small"] < 100_000
+    # the default stays well under WeKws's 287 K ds_tcn.yaml, so it trains on a laptop
+    assert sizes["tiny"] < 5_000 < sizes["ds_tcn_small"] < 120_000
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
