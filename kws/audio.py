@@ -57,9 +57,9 @@ def read_wav(path, expected_rate=SAMPLE_RATE):
 def write_wav(path, samples, rate=SAMPLE_RATE):
     """Write float samples in [-1, 1] as 16-bit PCM wav, atomically.
 
-    Encoded in memory and written as bytes: soundfile's close() on a file fsyncs it, 1-3 ms a file, about
-    7 % of synthesising the default corpus. The same libsndfile encodes, so the bytes are the same. A
-    caller that needs the files on disk syncs once (the synthesiser, before it commits its corpus).
+    Encoded in memory and written as bytes: soundfile's close() on a file fsyncs it (1-3 ms a file). The
+    same libsndfile encodes, so the bytes are the same. A caller that needs the files on disk syncs once
+    (the synthesiser, before it commits its corpus).
     """
     from kws.fileio import atomic_path
 
