@@ -27,7 +27,11 @@ from kws.features import compute_fbank, fbank_conf_of, inference_fbank
 
 log = logging.getLogger("kws.score")
 
-DEFAULT_MAX_BATCH_FRAMES = 200_000
+# Padded frames per forward. 20,000, not 200,000: at 200,000 each activation is ~100 MB, which the
+# allocator maps and unmaps from the kernel on every op: scoring the default test split spent 36-41 of its
+# 88-104 CPU-seconds faulting pages in, and took 1.7x as long (bench/results.md, "Scoring in smaller
+# batches"); the scores are the same bytes either way.
+DEFAULT_MAX_BATCH_FRAMES = 20_000
 
 
 def resolve_device(name):
