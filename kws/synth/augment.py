@@ -151,7 +151,7 @@ def reverberate(x, rng, rate, rt60):
 
 
 # --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
-SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath", "timing", "slow")
+SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath", "timing", "slow", "variants")
 
 
 def _frames(x, size, hop):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kws.errors import KwsError
 from kws.synth.engine_base import fixed_memory_layout
+from kws.synth.espeak import speaking_variants
 from kws.synth.faults import mark as mark_faults
 from kws.synth.pool import WorkerPool
 
@@ -73,6 +74,10 @@ VOICE_SHARE = {"train": 0.7, "dev": 0.15, "test": 0.15}
 SPEEDS = (0.9, 0.95, 1.05, 1.1)  # speed perturbation factors of augmented utterances
 CHUNK_REQUESTS = 24  # synthesis requests per worker job (fixed: the output must not depend on it varying)
 BABBLE_SOURCES = 4  # filler syntheses per chunk mixed into babble noise
+# speaker_augment `variants`: voices drawn per corpus (eSpeak lists at most 349 voices, the wheel's take 245),
+# and the share of the training split's eSpeak utterances they say
+VARIANT_BANK = 96
+VARIANT_SHARE = 0.5
 
 
 class CorpusSpec(dict):
@@ -521,6 +526,26 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
+def random_variants(chunks, seed):
+    """corpus.speaker_augment `variants`: a share (VARIANT_SHARE) of the training split's eSpeak utterances
+    said by one of VARIANT_BANK voice variants drawn for this corpus (kws.synth.espeak.random_variant)
+    instead of a shipped one. Changes those requests' voices in place; returns the variants {name: text}.
+    Each draw is the item's own, so every other utterance, and dev and test, stay as they were."""
+    from kws.synth.espeak import random_variant
+
+    bank = {f"kws{seed}-{i:02d}": random_variant(random.Random(f"variant-{seed}-{i}")) for i in range(VARIANT_BANK)}
+    names = sorted(bank)
+    for chunk in chunks:
+        if chunk["items"][0]["split"] != "train":
+            continue
+        for item in chunk["items"]:
+            for index, request in enumerate(item["requests"]):
+                rng = random.Random(f"variant-{seed}-{item['key']}-{index}")
+                if request.get("engine", "espeak") == "espeak" and rng.random() < VARIANT_SHARE:
+                    request["voice"] = f"{request['voice'].split('+')[0]}+{rng.choice(names)}"
+    return bank
+
+
 def utterance_phones(plan):
     """{key: phonemes} of every utterance of the plan but the streams: eSpeak NG's reading of its text in
     its language (kws.synth.phrases.phone_string), whatever engine said it; phoneme input split against
@@ -586,6 +611,7 @@ def synthesize_corpus(
         # Training only: dev and test measure the voices as they are, and stay the same split (byte for
         # byte) whether or not training is augmented, so that runs with and without it compare.
         chunk["speaker_augment"] = spec["speaker_augment"] if chunk["items"][0]["split"] == "train" else []
+    variants = random_variants(chunks, seed) if "variants" in spec["speaker_augment"] else {}
     mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"
@@ -595,7 +621,8 @@ def synthesize_corpus(
         for split in splits:
             (tmp_root / "wav" / split).mkdir(parents=True)
         pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
-        with fixed_memory_layout() as fixed:  # the workers and the engines they start inherit it
+        # the workers and the engines they start inherit both
+        with fixed_memory_layout() as fixed, speaking_variants(tmp_root / "espeak-ng-data", variants):
             if not fixed:
                 log(
                     "warning: address-space randomisation could not be turned off for the synthesis engines; "

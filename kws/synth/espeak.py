@@ -16,8 +16,10 @@ depended on which chunks, and which libraries' code, ran in that worker before.
 """
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
+import math
 import os
 import pickle
 import select
@@ -38,6 +40,9 @@ _PHONEMES_IN_TEXT = 0x100  # espeakPHONEMES: `[[...]]` in the text is read as ph
 _PHONEME_SEPARATOR = ord("_") << 8  # espeak_TextToPhonemes: bits 8-23 hold the separator character
 _PARAM = {"rate": 1, "volume": 2, "pitch": 3, "range": 4}
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+# A data folder for this process's engine instead of the wheel's (what with_variants makes): set by the
+# synthesis for its workers, so that they can speak the variants it drew
+DATA_ENV = "KWS_ESPEAK_DATA"
 
 
 def _paths():
@@ -46,6 +51,82 @@ def _paths():
     except ImportError:
         raise KwsError("espeakng-loader is not installed (pip install espeakng-loader==0.2.4)") from None
     return espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
+
+
+def random_variant(rng):
+    """The text of an eSpeak NG voice variant drawn from `rng` (a random.Random): a speaker that none of the
+    shipped variants is. Its pitch, its formants' frequencies, strengths and widths, voicing, consonant
+    strength, flutter and roughness are drawn; a fifth of the variants breathe, and a third use one of the
+    Klatt synthesisers. Formants 1 and 2 (which tell the vowels apart) move together, as a vocal tract's
+    length moves them, so that the vowel stays the one the text says; formants 3 to 5 and the low formant 0
+    (the voice's quality, its speaker) move on their own."""
+    base = math.exp(rng.uniform(math.log(70), math.log(210)))
+    lines = ["language variant", "name kws_random", f"pitch {round(base)} {round(base * rng.uniform(1.3, 2.0))}"]
+    tract = rng.uniform(0.86, 1.17)
+    for n in range(9):
+        if n in (1, 2):
+            freq = tract * rng.uniform(0.95, 1.05)
+        elif n in (0, 3, 4, 5):
+            freq = rng.uniform(0.7, 1.25)
+        else:
+            freq = rng.uniform(0.85, 1.15)
+        height = rng.uniform(0.0, 1.2) if n >= 6 else rng.uniform(0.6, 1.4)
+        lines.append(f"formant {n} {round(100 * freq)} {round(100 * height)} {round(100 * rng.uniform(0.6, 1.6))}")
+    lines.append(f"voicing {rng.randint(50, 170)}")
+    lines.append(f"consonants {rng.randint(50, 130)} {rng.randint(50, 130)}")
+    lines.append(f"flutter {rng.randint(0, 40)}")
+    lines.append(f"roughness {rng.randint(0, 5)}")
+    if rng.random() < 0.2:
+        lines.append("breath " + " ".join(str(rng.randint(0, 40)) for _ in range(6)))
+    if rng.random() < 0.33:
+        lines.append(f"klatt {rng.randint(1, 6)}")
+    return "\n".join(lines) + "\n"
+
+
+# eSpeak NG lists at most 349 voices (N_VOICES_LIST); the wheel's languages and variants take 245 of them
+MAX_LISTED_VOICES = 349
+
+
+def with_variants(folder, variants):
+    """An eSpeak NG data folder at `folder` (made, not yet existing) that is the wheel's, read through
+    symbolic links, plus the variants {name: text} in voices/!v: what DATA_ENV points the workers at."""
+    _, data = _paths()
+    data, folder = Path(data), Path(folder)
+    shipped = data / "voices" / "!v"
+    for name in variants:
+        if (shipped / name).exists() or "/" in name or not name:
+            raise KwsError(f"eSpeak NG variant name {name!r} is taken or not a file name")
+    listed = sum(path.is_file() for top in ("lang", "voices") for path in (data / top).rglob("*")) + len(variants)
+    if listed > MAX_LISTED_VOICES:
+        raise KwsError(f"{len(variants)} eSpeak NG variants are too many: it lists at most {MAX_LISTED_VOICES} voices")
+    (folder / "voices" / "!v").mkdir(parents=True)
+    for entry in data.iterdir():
+        if entry.name != "voices":
+            (folder / entry.name).symlink_to(entry)
+    for entry in (data / "voices").iterdir():
+        if entry.name != "!v":
+            (folder / "voices" / entry.name).symlink_to(entry)
+    for entry in shipped.iterdir():
+        (folder / "voices" / "!v" / entry.name).symlink_to(entry)
+    for name, text in variants.items():
+        (folder / "voices" / "!v" / name).write_text(text)
+    return folder
+
+
+@contextlib.contextmanager
+def speaking_variants(folder, variants):
+    """Within it, engines started (spawned synthesis workers) read the data folder with_variants(folder,
+    variants) makes, so they speak those variants too; nothing changes without variants."""
+    if not variants:
+        yield
+        return
+    with_variants(folder, variants)
+    saved = os.environ.get(DATA_ENV)
+    os.environ[DATA_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(DATA_ENV) if saved is None else os.environ.__setitem__(DATA_ENV, saved)
 
 
 def list_variants():
@@ -60,6 +141,7 @@ class Engine:
 
     def __init__(self):
         lib_path, data_path = _paths()
+        data_path = os.environ.get(DATA_ENV) or data_path
         lib = ctypes.CDLL(lib_path)
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         lib.espeak_Initialize.restype = ctypes.c_int
