@@ -421,3 +421,56 @@ def test_each_utterance_records_engine_and_voice(corpora):
 
     lines = [json.loads(line) for line in Path(summary["data_list"]).read_text().splitlines()]
     assert all(list(item)[:4] == ["key", "txt", "duration", "wav"] and item["engine"] == "espeak" for item in lines)
+
+
+def test_drawn_variants_say_part_of_the_training_split_only(corpora):
+    """speaker_augment `variants`: some training utterances are said by voices drawn for the corpus, and
+    recorded as such; the plan (texts) is the same, dev and test never hear them, and the data folder the
+    workers read is gone with the run."""
+    root, _ = corpora
+    import os
+
+    from kws.synth.espeak import DATA_ENV
+
+    for split in SPLITS:
+        voices = [v.split()[1] for v in read_kaldi_map(root / "speakers" / split / "utt2voice").values()]
+        drawn = [v for v in voices if "+kws" in v]
+        if split == "train":
+            assert 0 < len(drawn) < len(voices) and all(v.split("+")[1].startswith(f"kws{SEED}-") for v in drawn)
+        else:
+            assert not drawn, split
+        plain = (root / "a" / split / "text").read_bytes()
+        assert (root / "speakers" / split / "text").read_bytes() == plain
+    assert not list(root.rglob("espeak-ng-data")) and DATA_ENV not in os.environ
+
+
+def test_a_drawn_variant_is_a_voice_espeak_speaks(tmp_path):
+    import os
+    import random
+
+    from kws.synth.espeak import DATA_ENV, random_variant, with_variants
+
+    texts = [random_variant(random.Random(f"v{i}")) for i in range(3)]
+    assert texts[0] == random_variant(random.Random("v0")) and len(set(texts)) == 3
+    assert texts[0].startswith("language variant\n") and "\nformant 3 " in texts[0]
+    folder = with_variants(tmp_path / "data", {f"drawn{i}": text for i, text in enumerate(texts)})
+    speak = (
+        "import sys; from kws.synth.espeak import synthesize_batch;"
+        "out = synthesize_batch([dict(text='你好问问', voice=v, seed=1) for v in sys.argv[1:]]);"
+        "print(' '.join(str(hash(o)) for o in out))"
+    )
+    voices = ["cmn", "cmn+drawn0", "cmn+drawn1", "cmn+drawn2"]
+    run = subprocess.run(
+        [sys.executable, "-c", speak, *voices],
+        env={**os.environ, DATA_ENV: str(folder)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    assert len(set(run.stdout.split())) == 4  # four voices, four waveforms
+    with pytest.raises(KwsError, match="f3"):
+        with_variants(tmp_path / "taken", {"f3": texts[0]})
+    with pytest.raises(KwsError, match="at most 349"):
+        with_variants(tmp_path / "many", {f"drawn{i}": texts[0] for i in range(400)})
+    assert not (tmp_path / "taken").exists() and not (tmp_path / "many").exists()
