@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import os
 
 NORMAL_RATE = 175  # words per minute: eSpeak's default, and the 1x speed of the others
 PITCH_SEMITONES = 8.0  # pitch 0..100 maps to -4..+4 semitones around the voice's own (engines without eSpeak's)
@@ -51,3 +52,16 @@ def fixed_memory_layout():
         yield bool(personality(_PERSONALITY_QUERY) & ADDR_NO_RANDOMIZE)
     finally:
         personality(old)
+
+
+@contextlib.contextmanager
+def environment(**values):
+    """Within the block, os.environ holds `values` (what a process started inside it inherits); the old
+    values, or their absence, come back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)

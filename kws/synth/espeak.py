@@ -28,6 +28,7 @@ import struct
 from pathlib import Path
 
 from kws.errors import KwsError
+from kws.synth.engine_base import environment
 
 ESPEAK_RATE = 22050
 # Variants measured to segfault libespeak-ng 1.52 on some texts with a high pitch range.
@@ -120,13 +121,8 @@ def speaking_variants(folder, variants):
     if not variants:
         yield
         return
-    with_variants(folder, variants)
-    saved = os.environ.get(DATA_ENV)
-    os.environ[DATA_ENV] = str(folder)
-    try:
+    with environment(**{DATA_ENV: str(with_variants(folder, variants))}):
         yield
-    finally:
-        os.environ.pop(DATA_ENV) if saved is None else os.environ.__setitem__(DATA_ENV, saved)
 
 
 def list_variants():

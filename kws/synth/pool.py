@@ -11,6 +11,8 @@ import os
 from collections import deque
 from multiprocessing.connection import wait
 
+from kws.synth.engine_base import environment
+
 MAX_WORKER_DEATHS = 2  # a chunk whose worker process died this often is skipped
 
 
@@ -43,14 +45,9 @@ class WorkerPool:
 
     def _start(self):
         parent, child = self.ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update({k: "1" for k in saved})
-        try:
+        with environment(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1"):
             proc = self.ctx.Process(target=_worker_main, args=(child, self.work, self.args), daemon=True)
             proc.start()
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         child.close()
         worker = {"proc": proc, "conn": parent, "job": None}
         self.workers.append(worker)
