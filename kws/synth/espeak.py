@@ -101,14 +101,11 @@ def with_variants(folder, variants):
     if listed > MAX_LISTED_VOICES:
         raise KwsError(f"{len(variants)} eSpeak NG variants are too many: it lists at most {MAX_LISTED_VOICES} voices")
     (folder / "voices" / "!v").mkdir(parents=True)
-    for entry in data.iterdir():
-        if entry.name != "voices":
-            (folder / entry.name).symlink_to(entry)
-    for entry in (data / "voices").iterdir():
-        if entry.name != "!v":
-            (folder / "voices" / entry.name).symlink_to(entry)
-    for entry in shipped.iterdir():
-        (folder / "voices" / "!v" / entry.name).symlink_to(entry)
+    # every entry linked but the folders on the way to voices/!v, which are made to hold the drawn files
+    for source, target in ((data, folder), (data / "voices", folder / "voices"), (shipped, folder / "voices" / "!v")):
+        for entry in source.iterdir():
+            if not (target / entry.name).exists():
+                (target / entry.name).symlink_to(entry)
     for name, text in variants.items():
         (folder / "voices" / "!v" / name).write_text(text)
     return folder
