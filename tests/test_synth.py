@@ -444,6 +444,58 @@ def test_drawn_variants_say_part_of_the_training_split_only(corpora):
     assert not list(root.rglob("espeak-ng-data")) and DATA_ENV not in os.environ
 
 
+def test_own_variants_give_every_drawn_utterance_a_voice_of_its_own(tmp_path):
+    """speaker_augment `own_variants`: no two training utterances share a drawn voice, the corpus is the
+    same bytes whatever the workers, and dev and test are those of a corpus without it."""
+    spec = CorpusSpec(speaker_augment=["vtl", "own_variants"])
+    for name, threads in (("a", 2), ("b", 1)):
+        synthesize_corpus(tmp_path / name, size="tiny", seed=SEED, threads=threads, log=_quiet, spec=spec)
+    synthesize_corpus(
+        tmp_path / "plain", size="tiny", seed=SEED, threads=2, log=_quiet, spec=CorpusSpec(speaker_augment=["vtl"])
+    )
+    assert _wavs(tmp_path / "a") == _wavs(tmp_path / "b")
+    voices = [v.split()[1] for v in read_kaldi_map(tmp_path / "a" / "train" / "utt2voice").values()]
+    drawn = [v for v in voices if "+kws" in v]
+    assert 0 < len(drawn) < len(voices) and len(set(drawn)) == len(drawn)
+    a, plain = _wavs(tmp_path / "a"), _wavs(tmp_path / "plain")
+    for split in ("dev", "test"):
+        assert {k: v for k, v in a.items() if k.startswith(f"wav/{split}/")} == {
+            k: v for k, v in plain.items() if k.startswith(f"wav/{split}/")
+        }
+
+
+def test_a_variant_of_its_own_is_spoken_as_the_same_variant_from_a_file(tmp_path):
+    """A request's own variant (its text, written to the engine's slot) sounds as that variant listed in the
+    data folder does; another text, another voice."""
+    import os
+    import random
+
+    from kws.synth.espeak import DATA_ENV, random_variant, with_variants
+
+    texts = [random_variant(random.Random(f"own{i}")) for i in range(2)]
+    folder = with_variants(tmp_path / "data", {"drawn0": texts[0]})
+    speak = (
+        "import sys, json; from kws.synth.espeak import synthesize_batch;"
+        "out = [synthesize_batch([r])[0] for r in json.loads(sys.argv[1])];"  # each a fresh engine state
+        "print(' '.join(str(hash(o)) for o in out))"
+    )
+    requests = [
+        {"text": "你好问问", "voice": "cmn+drawn0", "seed": 1},
+        {"text": "你好问问", "voice": "cmn+kws1-a", "variant": texts[0], "seed": 1},
+        {"text": "你好问问", "voice": "cmn+kws1-b", "variant": texts[1], "seed": 1},
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", speak, json.dumps(requests)],
+        env={**os.environ, DATA_ENV: str(folder)},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    same, own, other = run.stdout.split()
+    assert same == own != other
+
+
 def test_a_drawn_variant_is_a_voice_espeak_speaks(tmp_path):
     import os
     import random

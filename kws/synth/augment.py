@@ -151,7 +151,19 @@ def reverberate(x, rng, rate, rt60):
 
 
 # --- speaker augmentation: changes who speaks (vocal tract, pitch, tempo, timbre, timing), not the room ----
-SPEAKER_TRANSFORMS = ("vtl", "pitch", "rate", "eq", "gaps", "formants", "breath", "timing", "slow", "variants")
+SPEAKER_TRANSFORMS = (
+    "vtl",
+    "pitch",
+    "rate",
+    "eq",
+    "gaps",
+    "formants",
+    "breath",
+    "timing",
+    "slow",
+    "variants",
+    "own_variants",
+)
 
 
 def _frames(x, size, hop):

@@ -526,14 +526,20 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
-def random_variants(chunks, seed):
+def random_variants(chunks, seed, own=False):
     """corpus.speaker_augment `variants`: a share (VARIANT_SHARE) of the training split's eSpeak utterances
     said by one of VARIANT_BANK voice variants drawn for this corpus (kws.synth.espeak.random_variant)
-    instead of a shipped one. Changes those requests' voices in place; returns the variants {name: text}.
+    instead of a shipped one; `own_variants` (own=True): each of them by a variant drawn for it alone
+    (request["variant"], which the engine speaks through a file of its own), so that no two utterances
+    share a drawn voice. Changes those requests in place; returns the bank {name: text} ({} when own).
     Each draw is the item's own, so every other utterance, and dev and test, stay as they were."""
     from kws.synth.espeak import random_variant
 
-    bank = {f"kws{seed}-{i:02d}": random_variant(random.Random(f"variant-{seed}-{i}")) for i in range(VARIANT_BANK)}
+    bank = (
+        {}
+        if own
+        else {f"kws{seed}-{i:02d}": random_variant(random.Random(f"variant-{seed}-{i}")) for i in range(VARIANT_BANK)}
+    )
     names = sorted(bank)
     for chunk in chunks:
         if chunk["items"][0]["split"] != "train":
@@ -541,8 +547,14 @@ def random_variants(chunks, seed):
         for item in chunk["items"]:
             for index, request in enumerate(item["requests"]):
                 rng = random.Random(f"variant-{seed}-{item['key']}-{index}")
-                if request.get("engine", "espeak") == "espeak" and rng.random() < VARIANT_SHARE:
-                    request["voice"] = f"{request['voice'].split('+')[0]}+{rng.choice(names)}"
+                if request.get("engine", "espeak") != "espeak" or rng.random() >= VARIANT_SHARE:
+                    continue
+                language = request["voice"].split("+")[0]
+                if own:
+                    request["voice"] = f"{language}+kws{seed}-{item['key']}-{index}"
+                    request["variant"] = random_variant(rng)
+                else:
+                    request["voice"] = f"{language}+{rng.choice(names)}"
     return bank
 
 
@@ -611,7 +623,9 @@ def synthesize_corpus(
         # Training only: dev and test measure the voices as they are, and stay the same split (byte for
         # byte) whether or not training is augmented, so that runs with and without it compare.
         chunk["speaker_augment"] = spec["speaker_augment"] if chunk["items"][0]["split"] == "train" else []
-    variants = random_variants(chunks, seed) if "variants" in spec["speaker_augment"] else {}
+    own = "own_variants" in spec["speaker_augment"]
+    drawn = own or "variants" in spec["speaker_augment"]
+    variants = random_variants(chunks, seed, own) if drawn else {}
     mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"
@@ -622,7 +636,7 @@ def synthesize_corpus(
             (tmp_root / "wav" / split).mkdir(parents=True)
         pool = WorkerPool(threads, render_chunk, (str(tmp_root), augment), log)
         # the workers and the engines they start inherit both
-        with fixed_memory_layout() as fixed, speaking_variants(tmp_root / "espeak-ng-data", variants):
+        with fixed_memory_layout() as fixed, speaking_variants(tmp_root / "espeak-ng-data", variants, drawn):
             if not fixed:
                 log(
                     "warning: address-space randomisation could not be turned off for the synthesis engines; "

@@ -112,10 +112,11 @@ def with_variants(folder, variants):
 
 
 @contextlib.contextmanager
-def speaking_variants(folder, variants):
+def speaking_variants(folder, variants, writable=False):
     """Within it, engines started (spawned synthesis workers) read the data folder with_variants(folder,
-    variants) makes, so they speak those variants too; nothing changes without variants."""
-    if not variants:
+    variants) makes, so they speak those variants too; nothing changes without variants, unless
+    `writable` (requests with a variant of their own write it there)."""
+    if not variants and not writable:
         yield
         return
     with environment(**{DATA_ENV: str(with_variants(folder, variants))}):
@@ -156,6 +157,7 @@ class Engine:
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        self._own_data = os.environ.get(DATA_ENV)
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
         if rate != ESPEAK_RATE:
             raise KwsError(f"{lib_path}: eSpeak NG initialisation failed (returned {rate})")
@@ -170,10 +172,14 @@ class Engine:
         return 0
 
     def speak(self, request):
-        """request: dict with text, voice (e.g. `cmn+f3`), rate, pitch, range, volume, seed."""
+        """request: dict with text, voice (e.g. `cmn+f3`), rate, pitch, range, volume, seed; and optionally
+        variant, the text of a voice variant drawn for this request alone, which `voice` names."""
         lib = self._lib
         self._chunks = []
-        if lib.espeak_SetVoiceByName(request["voice"].encode()) != 0:
+        voice = request["voice"]
+        if "variant" in request:
+            voice = self._own_variant(voice.split("+")[0], request["variant"])
+        if lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise KwsError(f"eSpeak NG has no voice {request['voice']!r}")
         for name, code in _PARAM.items():
             if name in request:
@@ -186,6 +192,16 @@ class Engine:
         if status != 0:
             raise KwsError(f"eSpeak NG could not synthesise {request['text']!r} (status {status})")
         return b"".join(self._chunks)
+
+    def _own_variant(self, language, text):
+        """The voice `language+slot` after writing `text` to this process's slot in the data folder: eSpeak
+        reads a variant's file each time a voice names it, so one slot speaks any number of drawn voices,
+        beyond the 349 it can list."""
+        if not self._own_data:
+            raise KwsError(f"a drawn eSpeak NG variant needs a data folder of its own ({DATA_ENV}, speaking_variants)")
+        slot = f"kws-slot-{os.getpid()}"
+        (Path(self._own_data) / "voices" / "!v" / slot).write_text(text)
+        return f"{language}+{slot}"
 
     def phonemize(self, text, voice):
         """eSpeak's phoneme mnemonics of `text` as a list of words, each a list of phonemes (stress
@@ -308,7 +324,7 @@ def _serve(eng, control, requests, records, status):
 
 def fallback(request):
     """The retry for a request that crashed: same text and seed, base voice, default prosody."""
-    plain = {key: value for key, value in request.items() if key not in ("rate", "pitch", "range")}
+    plain = {key: value for key, value in request.items() if key not in ("rate", "pitch", "range", "variant")}
     plain["voice"] = request["voice"].split("+")[0]
     plain["fallback"] = True
     return plain
