@@ -158,6 +158,9 @@ class Engine:
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         self._own_data = os.environ.get(DATA_ENV)
+        # one slot per engine, which its forked children share: eSpeak stops finding voices past the 349 it
+        # lists, so the slots must not pile up as the children come and go
+        self._slot = f"kws-slot-{os.getpid()}"
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
         if rate != ESPEAK_RATE:
             raise KwsError(f"{lib_path}: eSpeak NG initialisation failed (returned {rate})")
@@ -199,9 +202,8 @@ class Engine:
         beyond the 349 it can list."""
         if not self._own_data:
             raise KwsError(f"a drawn eSpeak NG variant needs a data folder of its own ({DATA_ENV}, speaking_variants)")
-        slot = f"kws-slot-{os.getpid()}"
-        (Path(self._own_data) / "voices" / "!v" / slot).write_text(text)
-        return f"{language}+{slot}"
+        (Path(self._own_data) / "voices" / "!v" / self._slot).write_text(text)
+        return f"{language}+{self._slot}"
 
     def phonemize(self, text, voice):
         """eSpeak's phoneme mnemonics of `text` as a list of words, each a list of phonemes (stress
