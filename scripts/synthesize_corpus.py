@@ -11,7 +11,7 @@ from kws.errors import cli
 def main(argv=None):
     from kws.synth import SIZES, summary_line, synthesize_corpus
     from kws.synth.augment import SPEAKER_TRANSFORMS
-    from kws.synth.corpus import CorpusSpec
+    from kws.synth.corpus import VARIANT_SHARE, CorpusSpec
     from kws.synth.engines import ENGINES
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -69,6 +69,12 @@ def main(argv=None):
         default=None,
         help="the training split's share of near-misses and partial phrases (default: the phrases' own)",
     )
+    parser.add_argument(
+        "--variant-share",
+        type=float,
+        default=VARIANT_SHARE,
+        help="with speaker augmentation variants: the share of the training eSpeak utterances said by drawn voices",
+    )
     args = parser.parse_args(argv)
     spec = CorpusSpec(
         language=args.language,
@@ -78,6 +84,7 @@ def main(argv=None):
         speaker_augment=args.speaker_augment,
         neighbours=args.neighbours,
         near_miss_share=args.near_miss_share,
+        variant_share=args.variant_share,
     )
     summary = synthesize_corpus(
         args.out_dir,

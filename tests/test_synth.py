@@ -464,6 +464,35 @@ def test_own_variants_give_every_drawn_utterance_a_voice_of_its_own(tmp_path):
         }
 
 
+def test_variant_share_sets_how_many_training_utterances_drawn_voices_say():
+    from kws.synth.corpus import make_chunks, random_variants
+
+    def drawn(share):
+        """{key: drawn?} of the training split's eSpeak requests."""
+        plan, _ = plan_corpus("tiny", SEED, spec=CorpusSpec(speaker_augment=["variants"], variant_share=share))
+        chunks = make_chunks(plan, SEED)
+        random_variants(chunks, SEED, share=share)
+        train = [
+            (item["key"], r)
+            for c in chunks
+            for item in c["items"]
+            if item["split"] == "train"
+            for r in item["requests"]
+        ]
+        return {
+            f"{key}/{n}": "+kws" in r["voice"]
+            for n, (key, r) in enumerate(train)
+            if r.get("engine", "espeak") == "espeak"
+        }
+
+    half, some, every = drawn(0.5), drawn(0.2), drawn(1.0)
+    assert half.keys() == every.keys() and len(half) > 20 and all(every.values())
+    assert 0 < sum(some.values()) < sum(half.values()) < len(half)
+    assert all(half[key] for key, hit in some.items() if hit)  # the same draws, a higher bar
+    with pytest.raises(KwsError, match="corpus.variant_share"):
+        CorpusSpec(variant_share=0)
+
+
 def test_a_variant_of_its_own_is_spoken_as_the_same_variant_from_a_file(tmp_path):
     """A request's own variant (its text, written to the engine's slot) sounds as that variant listed in the
     data folder does; another text, another voice."""

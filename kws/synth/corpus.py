@@ -92,6 +92,7 @@ class CorpusSpec(dict):
         speaker_augment=(),
         neighbours=False,
         near_miss_share=None,
+        variant_share=VARIANT_SHARE,
     ):
         from kws.synth.augment import SPEAKER_TRANSFORMS
         from kws.synth.engines import ENGINES, check_engine, speaks
@@ -114,6 +115,8 @@ class CorpusSpec(dict):
                 )
         if near_miss_share is not None and not 0 < near_miss_share < 1:
             raise KwsError(f"corpus.near_miss_share: {near_miss_share} must lie between 0 and 1 (or be null)")
+        if not 0 < variant_share <= 1:
+            raise KwsError(f"corpus.variant_share: {variant_share} must lie in (0, 1]")
         super().__init__(
             language=language,
             keywords=list(keywords),
@@ -122,6 +125,7 @@ class CorpusSpec(dict):
             speaker_augment=list(speaker_augment),
             neighbours=bool(neighbours),
             near_miss_share=near_miss_share,
+            variant_share=float(variant_share),
         )
         assert set(engines) <= set(ENGINES)
 
@@ -526,8 +530,8 @@ def render_chunk(chunk, tmp_root, augment, log=None):
     return records
 
 
-def random_variants(chunks, seed, own=False):
-    """corpus.speaker_augment `variants`: a share (VARIANT_SHARE) of the training split's eSpeak utterances
+def random_variants(chunks, seed, own=False, share=VARIANT_SHARE):
+    """corpus.speaker_augment `variants`: a share (corpus.variant_share) of the training split's eSpeak utterances
     said by one of VARIANT_BANK voice variants drawn for this corpus (kws.synth.espeak.random_variant)
     instead of a shipped one; `own_variants` (own=True): each of them by a variant drawn for it alone
     (request["variant"], which the engine speaks through a file of its own), so that no two utterances
@@ -547,7 +551,7 @@ def random_variants(chunks, seed, own=False):
         for item in chunk["items"]:
             for index, request in enumerate(item["requests"]):
                 rng = random.Random(f"variant-{seed}-{item['key']}-{index}")
-                if request.get("engine", "espeak") != "espeak" or rng.random() >= VARIANT_SHARE:
+                if request.get("engine", "espeak") != "espeak" or rng.random() >= share:
                     continue
                 language = request["voice"].split("+")[0]
                 if own:
@@ -625,7 +629,7 @@ def synthesize_corpus(
         chunk["speaker_augment"] = spec["speaker_augment"] if chunk["items"][0]["split"] == "train" else []
     own = "own_variants" in spec["speaker_augment"]
     drawn = own or "variants" in spec["speaker_augment"]
-    variants = random_variants(chunks, seed, own) if drawn else {}
+    variants = random_variants(chunks, seed, own, spec["variant_share"]) if drawn else {}
     mark_faults(chunks)  # tests only (KWS_SYNTH_FAULTS)
 
     out_text = str(out_dir).rstrip("/") or "/"

@@ -384,6 +384,7 @@ def synth_args():
             if c["near_miss_share"] is not None
             else ""
         )
+        + f" --variant-share {c['variant_share']}"
     )
 
 
@@ -411,6 +412,7 @@ if CORPUS["name"] == "synthetic":
             CORPUS["speaker_augment"],
             CORPUS["neighbours"],
             CORPUS["near_miss_share"],
+            CORPUS["variant_share"],
         )
         corpus_keywords(CORPUS)
     except KwsError as err:
