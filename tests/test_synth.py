@@ -508,33 +508,31 @@ def test_a_variant_of_its_own_is_spoken_as_the_same_variant_from_a_file(tmp_path
         "out = [synthesize_batch([r])[0] for r in json.load(sys.stdin)];"  # each a fresh engine state
         "print(' '.join(str(hash(o)) for o in out))"
     )
-    requests = [
-        {"text": "你好问问", "voice": "cmn+drawn0", "seed": 1},
-        {"text": "你好问问", "voice": "cmn+kws1-a", "variant": texts[0], "seed": 1},
-        {"text": "你好问问", "voice": "cmn+kws1-b", "variant": texts[1], "seed": 1},
-    ]
-    run = subprocess.run(
-        [sys.executable, "-c", speak],
-        input=json.dumps(requests),
-        env={**os.environ, DATA_ENV: str(folder)},
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+
+    def spoken(requests):
+        """Each request's waveform hashed, each spoken in a child process of its own."""
+        run = subprocess.run(
+            [sys.executable, "-c", speak],
+            input=json.dumps(requests),
+            env={**os.environ, DATA_ENV: str(folder)},
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.split()
+
+    same, own, other = spoken(
+        [
+            {"text": "你好问问", "voice": "cmn+drawn0", "seed": 1},
+            {"text": "你好问问", "voice": "cmn+kws1-a", "variant": texts[0], "seed": 1},
+            {"text": "你好问问", "voice": "cmn+kws1-b", "variant": texts[1], "seed": 1},
+        ]
     )
-    assert run.returncode == 0, run.stderr
-    same, own, other = run.stdout.split()
     assert same == own != other
-    # more children (batches) than eSpeak NG lists voices beyond the shipped ones: the slots do not pile up
+    # more children than eSpeak NG lists voices beyond the shipped ones: the slots do not pile up
     many = [{"text": "好", "voice": f"cmn+kws1-{i}", "variant": texts[i % 2], "seed": 1} for i in range(400)]
-    run = subprocess.run(
-        [sys.executable, "-c", speak],
-        input=json.dumps(many),
-        env={**os.environ, DATA_ENV: str(folder)},
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert run.returncode == 0 and len(run.stdout.split()) == 400, run.stderr[-2000:]
+    assert len(spoken(many)) == 400
 
 
 def test_a_drawn_variant_is_a_voice_espeak_speaks(tmp_path):
