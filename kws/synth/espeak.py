@@ -135,7 +135,8 @@ class Engine:
 
     def __init__(self):
         lib_path, data_path = _paths()
-        data_path = os.environ.get(DATA_ENV) or data_path
+        self._own_data = os.environ.get(DATA_ENV)  # drawn voices' folder, where a request's own variant goes
+        data_path = self._own_data or data_path
         lib = ctypes.CDLL(lib_path)
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         lib.espeak_Initialize.restype = ctypes.c_int
@@ -157,7 +158,6 @@ class Engine:
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
-        self._own_data = os.environ.get(DATA_ENV)
         # one slot per engine, which its forked children share: eSpeak stops finding voices past the 349 it
         # lists, so the slots must not pile up as the children come and go
         self._slot = f"kws-slot-{os.getpid()}"
